@@ -1,0 +1,39 @@
+# Two commands on a fresh clone: `make run` serves the sidecar, `make test` runs the whole suite.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+SOURCES := pyproject.toml setup.py $(wildcard proto/context_sidecar/v1/*.proto) $(wildcard fastpath/*.pyx fastpath/*.pxd)
+PYTEST_ARGS ?=
+
+.PHONY: install run test compile lint bench clean
+
+$(STAMP): $(SOURCES)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Serves ContextService on 127.0.0.1:50051 with the embedded DuckDB file ./data/sidecar.duckdb.
+run: $(STAMP)
+	$(BIN)/python -m sidecar serve --db ./data/sidecar.duckdb --listen 127.0.0.1:50051
+
+# The whole suite. pytest's exit 5 (no tests collected) is a failure, not a pass.
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; fi; exit $$rc
+
+# Rebuild the Cython fastpath and the gRPC stubs in place after editing them.
+compile: $(STAMP)
+	$(BIN)/python setup.py -q build_ext --inplace
+	$(BIN)/python -c "import setup; setup.generate_stubs()"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	for b in bench/*.py; do $(BIN)/python $$b --quick | tail -n 1; done
+
+clean:
+	rm -rf build $(VENV) fastpath/*.so fastpath/*.c sidecar/api/*_pb2*.py* sidecar/api/__init__.py

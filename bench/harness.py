@@ -1,0 +1,99 @@
+"""Shared bench plumbing: a sidecar subprocess, latency percentiles, the JSON last line."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sidecar.api import context_service_pb2_grpc as pb_grpc  # noqa: E402
+
+
+def percentiles(samples_s: list[float]) -> dict[str, float]:
+    ordered = sorted(samples_s)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
+    return {"p50_ms": round(pick(0.50), 3), "p99_ms": round(pick(0.99), 3),
+            "mean_ms": round(statistics.fmean(ordered) * 1000, 3)}
+
+
+def time_calls(fn: Callable[[], object], n: int, warmup: int = 50) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def throughput(make_call: Callable[[int], Callable[[], object]], threads: int, seconds: float) -> float:
+    """Calls per second with `threads` clients, each with its own call closure."""
+    count = [0] * threads
+    stop = threading.Event()
+
+    def worker(i: int) -> None:
+        call = make_call(i)
+        while not stop.is_set():
+            call()
+            count[i] += 1
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in ts:
+        t.join()
+    return round(sum(count) / seconds, 1)
+
+
+class ServerProcess:
+    """`python -m sidecar serve` on a temp DuckDB file and a free port."""
+
+    def __init__(self, extra: list[str] | None = None) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.tmp = tempfile.mkdtemp(prefix="sidecar-bench-")
+        self.address = f"127.0.0.1:{port}"
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "serve", "--db", f"{self.tmp}/bench.duckdb", "--listen", self.address,
+             "--log-level", "WARNING", *(extra or [])],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        while True:
+            line = self.proc.stdout.readline()
+            if "serving on" in line:
+                break
+            if self.proc.poll() is not None or not line:
+                raise RuntimeError("sidecar did not start: " + line)
+        self.channel = grpc.insecure_channel(self.address)
+        self.stub = pb_grpc.ContextServiceStub(self.channel)
+
+    def new_stub(self) -> pb_grpc.ContextServiceStub:
+        return pb_grpc.ContextServiceStub(grpc.insecure_channel(self.address))
+
+    def stop(self) -> None:
+        self.channel.close()
+        self.proc.terminate()
+        self.proc.wait(timeout=15)
+
+
+def emit(figures: dict) -> None:
+    """Every bench ends with its figures as one JSON object on the last line."""
+    print(json.dumps(figures, sort_keys=True))

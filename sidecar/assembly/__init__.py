@@ -1,0 +1,1 @@
+"""BuildContext: the hard zone, soft-zone candidates from every source, fastpath selection, render."""

@@ -1,0 +1,299 @@
+"""BuildContext, step by step: scope check -> hard zone (must fit, never cut) -> candidates from
+every source -> fastpath.select (rank, dedup, greedy pack) -> render in a stable order."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import fastpath
+from sidecar.assembly.budget import Budget
+from sidecar.assembly.candidates import BuildInput, CandidateBatch, CandidateSource, Section, SoftCategory
+from sidecar.clock import now_ms
+from sidecar.domain import Role, Scope
+from sidecar.errors import FailedPrecondition, InvalidArgument
+from sidecar.services.sessions import SessionService
+from sidecar.store.cache import SessionView
+from sidecar.text import term_set
+from sidecar.tokens import count_tokens_cached
+
+# Proto numbers (kept here so the assembly does not import the generated stubs).
+CATEGORY_SYSTEM_AND_TOOLS, CATEGORY_SESSION_STATE = 1, 2
+DROP_OVER_BUDGET, DROP_DUPLICATE, DROP_LOW_SCORE = 1, 2, 3
+KNOWLEDGE_MATCHED, KNOWLEDGE_NO_MATCH, KNOWLEDGE_NOT_CONSULTED = 1, 2, 3
+_STATUS_TO_DROP = {fastpath.OVER_BUDGET: DROP_OVER_BUDGET, fastpath.DUPLICATE: DROP_DUPLICATE,
+                   fastpath.LOW_SCORE: DROP_LOW_SCORE}
+
+HEADERS: dict[Section, str] = {
+    Section.TOOLS: "## Tools",
+    Section.PINNED_CONSTRAINTS: "## Constraints from the user (verbatim)",
+    Section.SESSION_STATE: "## Session state (confirmed)",
+    Section.MEMORIES: "## What we know about the user",
+    Section.KNOWLEDGE: "## Knowledge base",
+    Section.SUMMARY: "## Summary of earlier turns",
+    Section.RECENT_MESSAGES: "## Recent messages",
+    Section.TOOL_OBSERVATIONS: "## Tool observations",
+    Section.QUERY: "## Current query",
+}
+# A header costs its tokens plus the blank line before it; counted once at import.
+HEADER_TOKENS = {s: count_tokens_cached("\n" + h + "\n") for s, h in HEADERS.items()}
+SOFT_SECTIONS = (Section.MEMORIES, Section.KNOWLEDGE, Section.SUMMARY, Section.RECENT_MESSAGES,
+                 Section.TOOL_OBSERVATIONS)
+SOFT_HEADER_RESERVE = sum(HEADER_TOKENS[s] for s in SOFT_SECTIONS)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    description: str
+    schema_json: str
+
+    @property
+    def rendered(self) -> str:
+        head = f"- {self.name}: {self.description}" if self.description else f"- {self.name}"
+        return f"{head}\n  {self.schema_json}" if self.schema_json else head
+
+
+@dataclass(slots=True)
+class BuildRequest:
+    session_id: str
+    run_id: str = ""
+    query: str = ""
+    system_rules: str = ""
+    tools: Sequence[ToolSpec] = ()
+    budget: Budget = field(default_factory=Budget)
+    roles: tuple[str, ...] = ()
+    query_embedding: np.ndarray | None = None
+    debug: bool = False
+    min_score: float = float("-inf")
+
+
+@dataclass(slots=True)
+class Item:
+    source: str
+    category: int  # proto Category
+    score: float
+    tokens: int
+    text: str
+    role: int = 0
+    timestamp_ms: int = 0
+    source_message_ids: tuple[str, ...] = ()
+    order_key: float = 0.0
+
+
+@dataclass(slots=True)
+class Usage:
+    category: int
+    budget: int
+    used: int
+    candidates: int
+    selected: int
+    flowed_in: int
+
+
+@dataclass(slots=True)
+class Dropped:
+    source: str
+    category: int
+    reason: int
+    score: float
+    tokens: int
+    kept_source: str = ""
+
+
+@dataclass(slots=True)
+class BuildResult:
+    sections: list[tuple[Section, list[Item]]]
+    usage: list[Usage]
+    hard_zone_tokens: int
+    soft_zone_tokens: int
+    total_budget: int
+    dropped: list[Dropped]
+    stable_prefix_hash: str
+    stable_prefix_tokens: int
+    knowledge_status: int
+    timings: list[tuple[str, int]]
+
+    @property
+    def total_tokens(self) -> int:
+        return self.hard_zone_tokens + self.soft_zone_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """Score fusion: relevance + recency decay + priority (DESIGN.md §5)."""
+
+    relevance: float = 1.0
+    recency: float = 0.5
+    priority: float = 1.0
+    half_life_s: float = 7 * 24 * 3600.0
+    max_hamming: int = 3
+
+
+PinnedProvider = Callable[[Scope, SessionView], list[Item]]
+
+
+class ContextBuilder:
+    def __init__(self, sessions: SessionService, sources: Sequence[CandidateSource],
+                 pinned: PinnedProvider | None = None, weights: Weights = Weights()) -> None:
+        self.sessions = sessions
+        self.sources = list(sources)
+        self.pinned = pinned
+        self.weights = weights
+
+    def build(self, scope: Scope, req: BuildRequest) -> BuildResult:
+        clock = _StageClock(req.debug)
+        view = self.sessions.view(scope, req.session_id)
+        if req.query_embedding is not None and not np.all(np.isfinite(req.query_embedding)):
+            raise InvalidArgument("query_embedding holds a NaN or infinite value")
+        budget = req.budget
+        clock.lap("scope")
+
+        hard, prefix_hash, prefix_tokens = self._hard_zone(scope, view, req)
+        hard_tokens = sum(it.tokens for _, items in hard for it in items)
+        hard_tokens += sum(HEADER_TOKENS[s] for s, items in hard if items and s in HEADER_TOKENS)
+        if hard_tokens > budget.total:
+            raise FailedPrecondition(
+                f"hard zone (system rules, tools, pinned constraints, session state, query) is {hard_tokens} tokens; "
+                f"budget.max_input - budget.reserved_for_output is {budget.total}")
+        clock.lap("hard_zone")
+
+        inp = BuildInput(scope=scope, view=view, run_id=req.run_id, query=req.query,
+                         query_terms=term_set(req.query), query_embedding=req.query_embedding, roles=req.roles,
+                         budget=budget, now_ms=now_ms())
+        batches = [b for src in self.sources for b in src.candidates(inp)]
+        clock.lap("candidates")
+
+        soft_total = max(budget.total - hard_tokens - SOFT_HEADER_RESERVE, 0)
+        soft_sections, usage, dropped, soft_tokens = self._select(batches, budget, soft_total, req.min_score, clock)
+
+        sections = [(s, items) for s, items in hard if s != Section.QUERY]
+        sections += soft_sections
+        sections += [(s, items) for s, items in hard if s == Section.QUERY]
+        sections.sort(key=lambda pair: pair[0])
+        soft_tokens += sum(HEADER_TOKENS[s] for s, items in soft_sections if items)
+        clock.lap("render")
+        return BuildResult(
+            sections=sections, usage=usage, hard_zone_tokens=hard_tokens, soft_zone_tokens=soft_tokens,
+            total_budget=budget.total, dropped=dropped, stable_prefix_hash=prefix_hash,
+            stable_prefix_tokens=prefix_tokens, knowledge_status=_knowledge_status(batches), timings=clock.laps)
+
+    # ------------------------------------------------------------------ hard zone
+    def _hard_zone(self, scope: Scope, view: SessionView, req: BuildRequest
+                   ) -> tuple[list[tuple[Section, list[Item]]], str, int]:
+        budget = req.budget
+        rules = [Item("system:rules", CATEGORY_SYSTEM_AND_TOOLS, 0.0, count_tokens_cached(req.system_rules),
+                      req.system_rules)] if req.system_rules else []
+        tools = [Item(f"tool_schema:{t.name}", CATEGORY_SYSTEM_AND_TOOLS, 0.0, count_tokens_cached(t.rendered) + 1,
+                      t.rendered) for t in req.tools]
+        system_tokens = sum(i.tokens for i in rules + tools) + (HEADER_TOKENS[Section.TOOLS] if tools else 0)
+        if system_tokens > budget.system_and_tools:
+            raise FailedPrecondition(
+                f"system_and_tools block (system_rules + tools) is {system_tokens} tokens; "
+                f"budget.system_and_tools is {budget.system_and_tools}")
+
+        pinned = self.pinned(scope, view) if self.pinned else []
+        facts = [Item(f"fact:{key}", CATEGORY_SESSION_STATE, 0.0, f.tokens + 1, f.rendered,
+                      timestamp_ms=f.updated_at_ms)
+                 for key, f in sorted(view.confirmed.items())]
+        state_tokens = sum(i.tokens for i in pinned + facts)
+        state_tokens += (HEADER_TOKENS[Section.PINNED_CONSTRAINTS] if pinned else 0)
+        state_tokens += (HEADER_TOKENS[Section.SESSION_STATE] if facts else 0)
+        if state_tokens > budget.session_state:
+            raise FailedPrecondition(
+                f"session_state block (confirmed facts + pinned constraints) is {state_tokens} tokens; "
+                f"budget.session_state is {budget.session_state}")
+
+        query = [Item("query", 0, 0.0, count_tokens_cached(req.query), req.query)] if req.query else []
+        hard = [(Section.SYSTEM_RULES, rules), (Section.TOOLS, tools), (Section.PINNED_CONSTRAINTS, pinned),
+                (Section.SESSION_STATE, facts), (Section.QUERY, query)]
+        digest = hashlib.blake2b(digest_size=16)
+        for section, items in hard[:4]:  # everything but the query is the stable prefix
+            for it in items:
+                digest.update(f"{int(section)}\x00{it.text}\x01".encode())
+        prefix_tokens = system_tokens + state_tokens
+        return hard, digest.hexdigest(), prefix_tokens
+
+    # ------------------------------------------------------------------ soft zone
+    def _select(self, batches: list[CandidateBatch], budget: Budget, soft_total: int, min_score: float,
+                clock: _StageClock) -> tuple[list[tuple[Section, list[Item]]], list[Usage], list[Dropped], int]:
+        live = [b for b in batches if len(b)]
+        texts = [t for b in live for t in b.texts]
+        sources = [s for b in live for s in b.sources]
+        n = len(texts)
+        category = np.fromiter((int(b.category) for b in live for _ in range(len(b))), np.int32, n)
+        tokens = np.fromiter((t for b in live for t in b.tokens), np.int32, n)
+        relevance = np.fromiter((r for b in live for r in b.relevance), np.float64, n)
+        age = np.fromiter((a for b in live for a in b.age_s), np.float64, n)
+        priority = np.fromiter((p for b in live for p in b.priority), np.float64, n)
+        missing = [b for b in live if b.exact_keys is None]
+        if missing:  # sources that did not precompute their keys
+            for b in missing:
+                b.exact_keys, b.simhashes = fastpath.text_keys(b.texts)
+        exact = np.concatenate([b.exact_keys for b in live]) if live else np.zeros(0, np.uint64)
+        sim = np.concatenate([b.simhashes for b in live]) if live else np.zeros(0, np.uint64)
+        cat_budget = np.array([c.budget_of(budget) for c in SoftCategory], np.int64)
+        clock.lap("features")
+
+        w = self.weights
+        sel = fastpath.select(relevance, age, priority, tokens, category, exact, sim, cat_budget, soft_total,
+                              w_relevance=w.relevance, w_recency=w.recency, w_priority=w.priority,
+                              half_life_s=w.half_life_s, max_hamming=w.max_hamming, min_score=min_score,
+                              flow_unused=budget.flow_unused)
+        clock.lap("select")
+
+        # Per-item metadata lives in the batches; map a global index back to (batch, offset).
+        owners: list[tuple[CandidateBatch, int]] = [(b, j) for b in live for j in range(len(b))]
+        by_section: dict[Section, list[Item]] = {s: [] for s in SOFT_SECTIONS}
+        scores = sel.scores
+        for i in sel.selected_in_order.tolist():
+            b, j = owners[i]
+            by_section[b.section].append(Item(
+                source=sources[i], category=b.category.wire, score=float(scores[i]), tokens=int(tokens[i]),
+                text=texts[i], role=b.roles[j] if b.roles else 0, timestamp_ms=b.timestamps[j] if b.timestamps else 0,
+                source_message_ids=b.source_message_ids[j] if b.source_message_ids else (),
+                order_key=b.order_keys[j] if b.order_keys else -float(scores[i])))
+        for items in by_section.values():
+            items.sort(key=lambda it: it.order_key)
+
+        status = sel.status
+        dup_of = sel.dup_of
+        dropped = [Dropped(sources[i], owners[i][0].category.wire, _STATUS_TO_DROP[int(status[i])],
+                           float(scores[i]), int(tokens[i]), sources[dup_of[i]] if dup_of[i] >= 0 else "")
+                   for i in np.flatnonzero(status != fastpath.SELECTED).tolist()]
+        dropped += [Dropped(d.source, d.category.wire, d.reason, 0.0, d.tokens, d.kept_source)
+                    for b in batches for d in b.dropped]
+        counts = np.bincount(category, minlength=len(SoftCategory)) if n else np.zeros(len(SoftCategory), np.int64)
+        picked = np.bincount(category[sel.selected_in_order], minlength=len(SoftCategory)) if n else counts
+        usage = [Usage(c.wire, int(sel.effective_budget[c]), int(sel.used[c]), int(counts[c]), int(picked[c]),
+                       int(sel.flowed_in[c])) for c in SoftCategory]
+        return list(by_section.items()), usage, dropped, int(sel.used.sum())
+
+
+def _knowledge_status(batches: list[CandidateBatch]) -> int:
+    consulted = [b.knowledge_matched for b in batches if b.knowledge_matched is not None]
+    if not consulted:
+        return KNOWLEDGE_NOT_CONSULTED
+    return KNOWLEDGE_MATCHED if any(consulted) else KNOWLEDGE_NO_MATCH
+
+
+class _StageClock:
+    """Per-stage microseconds, only when debug asks for them."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.laps: list[tuple[str, int]] = []
+        self._last = time.perf_counter_ns() if enabled else 0
+
+    def lap(self, stage: str) -> None:
+        if self.enabled:
+            now = time.perf_counter_ns()
+            self.laps.append((stage, (now - self._last) // 1000))
+            self._last = now
+
+
+ROLE_LABELS = {int(r): r.label for r in Role}

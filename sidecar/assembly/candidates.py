@@ -1,0 +1,104 @@
+"""Soft-zone candidates. A CandidateSource turns one kind of stored data into a CandidateBatch:
+parallel lists (cheap to build, cheap to turn into the fastpath's numpy arrays)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from sidecar.assembly.budget import Budget
+from sidecar.domain import Scope
+from sidecar.store.cache import SessionView
+
+
+class SoftCategory(enum.IntEnum):
+    """Packing order when space is short; the value is the fastpath category id."""
+
+    RECENT_MESSAGES = 0
+    TOOL_OBSERVATIONS = 1
+    MEMORIES = 2
+    RAG_OR_GRAPH = 3
+
+    @property
+    def wire(self) -> int:
+        return int(self) + 3  # proto Category numbers start at 3 for the soft zone
+
+    def budget_of(self, budget: Budget) -> int:
+        return getattr(budget, self.name.lower())
+
+
+class Section(enum.IntEnum):
+    """Render order (proto SectionKind numbers): stable parts first so prompt caches hit."""
+
+    SYSTEM_RULES = 1
+    TOOLS = 2
+    PINNED_CONSTRAINTS = 3
+    SESSION_STATE = 4
+    MEMORIES = 5
+    KNOWLEDGE = 6
+    SUMMARY = 7
+    RECENT_MESSAGES = 8
+    TOOL_OBSERVATIONS = 9
+    QUERY = 10
+
+
+@dataclass(slots=True)
+class BuildInput:
+    """What every source may look at for one call."""
+
+    scope: Scope
+    view: SessionView
+    run_id: str
+    query: str
+    query_terms: frozenset[str]
+    query_embedding: np.ndarray | None
+    roles: tuple[str, ...]
+    budget: Budget
+    now_ms: int
+
+
+@dataclass(slots=True)
+class SourceDrop:
+    """An item a source left out before selection (acl, expired, superseded, ...)."""
+
+    source: str
+    category: SoftCategory
+    reason: int  # proto DropReason
+    tokens: int
+    kept_source: str = ""
+
+
+@dataclass(slots=True)
+class CandidateBatch:
+    category: SoftCategory
+    section: Section
+    texts: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    relevance: list[float] = field(default_factory=list)
+    age_s: list[float] = field(default_factory=list)
+    priority: list[float] = field(default_factory=list)
+    roles: list[int] = field(default_factory=list)  # proto Role, 0 for non-messages
+    timestamps: list[int] = field(default_factory=list)
+    # Position inside the section when rendered (conversational order for messages).
+    order_keys: list[float] = field(default_factory=list)
+    source_message_ids: list[tuple[str, ...]] = field(default_factory=list)
+    exact_keys: np.ndarray | None = None  # uint64; computed by the builder when None
+    simhashes: np.ndarray | None = None
+    dropped: list[SourceDrop] = field(default_factory=list)
+    # Set by a knowledge source: True/False when it was consulted, None otherwise.
+    knowledge_matched: bool | None = None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+class CandidateSource(Protocol):
+    """Plug-in point for every store of soft-zone material (messages, tools, memories, knowledge)."""
+
+    name: str
+
+    def candidates(self, inp: BuildInput) -> list[CandidateBatch]: ...

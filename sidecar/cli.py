@@ -1,0 +1,28 @@
+"""Command line: `python -m sidecar serve [--db PATH] [--listen HOST:PORT | --uds PATH]`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sidecar", description="Context Sidecar")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve ContextService over gRPC")
+    serve.add_argument("--db", default="./data/sidecar.duckdb", help="DuckDB file (default ./data/sidecar.duckdb)")
+    where = serve.add_mutually_exclusive_group()
+    where.add_argument("--listen", default=None, help="HOST:PORT to bind (default 127.0.0.1:50051)")
+    where.add_argument("--uds", default=None, help="Unix socket path to bind instead of TCP")
+    serve.add_argument("--auth-token", default=os.environ.get("SIDECAR_AUTH_TOKEN"),
+                       help="shared secret clients send as 'authorization: Bearer ...' (env SIDECAR_AUTH_TOKEN)")
+    serve.add_argument("--log-level", default=os.environ.get("SIDECAR_LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.command == "serve":
+        from sidecar.server import serve as run_server
+
+        return run_server(args.db, listen=args.listen, uds=args.uds, auth_token=args.auth_token)
+    return 2

@@ -1,0 +1,131 @@
+"""Protobuf <-> domain conversion. Enums share numbers, so conversion is a cast plus validation."""
+
+from __future__ import annotations
+
+from sidecar.api import context_service_pb2 as pb
+from sidecar.domain import (
+    Fact,
+    FactChange,
+    Message,
+    NewMessage,
+    Role,
+    Run,
+    RunCheckpoint,
+    Scope,
+    Session,
+    enum_value,
+)
+from sidecar.errors import InvalidArgument
+
+
+def scope(request, *, user_required: bool = True) -> Scope:
+    if not request.HasField("scope"):
+        raise InvalidArgument("scope is required")
+    return Scope.checked(request.scope.tenant_id, request.scope.user_id, user_required=user_required)
+
+
+def session(s: Session) -> pb.Session:
+    return pb.Session(
+        session_id=s.session_id, title=s.title, status=int(s.status), created_at_ms=s.created_at_ms,
+        updated_at_ms=s.updated_at_ms, closed_at_ms=s.closed_at_ms, parent_session_id=s.parent_session_id,
+        task=s.task, metadata=s.metadata, message_count=s.message_count,
+    )
+
+
+def new_messages(msgs) -> list[NewMessage]:
+    return [
+        NewMessage(role=enum_value(Role, m.role, f"messages[{i}].role"), text=m.text, tool_name=m.tool_name,
+                   tool_call_id=m.tool_call_id, client_timestamp_ms=m.client_timestamp_ms,
+                   idempotency_key=m.idempotency_key, speaker=m.speaker)
+        for i, m in enumerate(msgs)
+    ]
+
+
+def message(m: Message) -> pb.Message:
+    return pb.Message(
+        message_id=m.message_id, session_id=m.session_id, seq=m.seq, role=int(m.role), text=m.text,
+        tool_name=m.tool_name, tool_call_id=m.tool_call_id, timestamp_ms=m.timestamp_ms,
+        created_at_ms=m.created_at_ms, tokens=m.tokens, idempotency_key=m.idempotency_key, speaker=m.speaker,
+    )
+
+
+def fact(f: Fact) -> pb.Fact:
+    return pb.Fact(key=f.key, value=f.value, provenance=int(f.provenance), source=f.source,
+                   updated_at_ms=f.updated_at_ms, status=int(f.status), version=f.version, tokens=f.tokens)
+
+
+def fact_change(c: FactChange) -> pb.FactChange:
+    return pb.FactChange(fact=fact(c.fact), action=c.action, reason=c.reason)
+
+
+def run(r: Run) -> pb.Run:
+    return pb.Run(run_id=r.run_id, session_id=r.session_id, status=int(r.status), goal=r.goal, reason=r.reason,
+                  created_at_ms=r.created_at_ms, updated_at_ms=r.updated_at_ms, checkpoint_count=r.checkpoint_count)
+
+
+def checkpoint(c: RunCheckpoint) -> pb.RunCheckpoint:
+    return pb.RunCheckpoint(checkpoint_id=c.checkpoint_id, run_id=c.run_id, seq=c.seq, state=c.state,
+                            pending_step=c.pending_step, created_at_ms=c.created_at_ms)
+
+
+def budget(request_budget, present: bool):
+    from sidecar.assembly.budget import BUDGET_FIELDS, Budget
+
+    if not present:
+        return Budget()
+    return Budget.from_overrides({name: getattr(request_budget, name) for name in BUDGET_FIELDS
+                                  if request_budget.HasField(name)})
+
+
+def build_request(request):
+    import numpy as np
+
+    from sidecar.assembly.builder import BuildRequest, ToolSpec
+
+    for i, t in enumerate(request.tools):
+        if not t.name:
+            raise InvalidArgument(f"tools[{i}].name is required")
+    if request.min_score != request.min_score:  # NaN
+        raise InvalidArgument("min_score must be a number")
+    return BuildRequest(
+        session_id=request.session_id, run_id=request.run_id, query=request.query,
+        system_rules=request.system_rules,
+        tools=[ToolSpec(t.name, t.description, t.schema_json) for t in request.tools],
+        budget=budget(request.budget, request.HasField("budget")), roles=tuple(request.roles),
+        query_embedding=np.asarray(request.query_embedding, np.float32) if request.query_embedding else None,
+        debug=request.debug, min_score=request.min_score if request.min_score else float("-inf"),
+    )
+
+
+def build_response(result, render_mode: int) -> pb.BuildContextResponse:
+    from sidecar.assembly.render import render_chat, render_text
+
+    resp = pb.BuildContextResponse(
+        hard_zone_tokens=result.hard_zone_tokens, soft_zone_tokens=result.soft_zone_tokens,
+        total_tokens=result.total_tokens, total_budget=result.total_budget,
+        stable_prefix_hash=result.stable_prefix_hash, stable_prefix_tokens=result.stable_prefix_tokens,
+        knowledge_status=result.knowledge_status,
+    )
+    for kind, items in result.sections:
+        if not items:
+            continue
+        section = resp.sections.add(kind=int(kind), tokens=sum(it.tokens for it in items))
+        add = section.items.add
+        for it in items:
+            add(source=it.source, category=it.category, score=it.score, tokens=it.tokens, text=it.text,
+                role=it.role, timestamp_ms=it.timestamp_ms, source_message_ids=it.source_message_ids)
+    for u in result.usage:
+        resp.usage.add(category=u.category, budget=u.budget, used=u.used, candidates=u.candidates,
+                       selected=u.selected, flowed_in=u.flowed_in)
+    add_dropped = resp.dropped.add
+    for d in result.dropped:
+        add_dropped(source=d.source, category=d.category, reason=d.reason, score=d.score, tokens=d.tokens,
+                    kept_source=d.kept_source)
+    for stage, micros in result.timings:
+        resp.timings.add(stage=stage, micros=micros)
+    if render_mode == pb.RENDER_MODE_TEXT:
+        resp.rendered_text = render_text(result)
+    elif render_mode == pb.RENDER_MODE_CHAT:
+        for role, content in render_chat(result):
+            resp.chat_messages.add(role=role, content=content)
+    return resp

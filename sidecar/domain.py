@@ -1,0 +1,197 @@
+"""Plain domain records shared by the store, the services and the gRPC layer.
+
+Enums use the protobuf numbers so conversion is a cast, but nothing here imports the stubs.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from sidecar.errors import InvalidArgument
+from sidecar.ids import check_id
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Who is asking. Every store call that touches user data takes one and filters on it."""
+
+    tenant_id: str
+    user_id: str
+
+    @classmethod
+    def checked(cls, tenant_id: str, user_id: str, *, user_required: bool = True) -> Scope:
+        check_id(tenant_id, "scope.tenant_id")
+        check_id(user_id, "scope.user_id", required=user_required)
+        return cls(tenant_id, user_id)
+
+
+class Role(enum.IntEnum):
+    USER = 1
+    ASSISTANT = 2
+    TOOL = 3
+    SYSTEM = 4
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class SessionStatus(enum.IntEnum):
+    OPEN = 1
+    CLOSED = 2
+
+
+class Provenance(enum.IntEnum):
+    USER_CONFIRMED = 1
+    TOOL_VERIFIED = 2
+    MODEL_INFERRED = 3
+
+
+class FactStatus(enum.IntEnum):
+    CONFIRMED = 1
+    CANDIDATE = 2
+    REJECTED = 3
+
+
+class RunStatus(enum.IntEnum):
+    RUNNING = 1
+    INTERRUPTED = 2
+    COMPLETED = 3
+    FAILED = 4
+    CANCELLED = 5
+
+
+class JobStatus(enum.IntEnum):
+    QUEUED = 1
+    RUNNING = 2
+    DONE = 3
+    FAILED = 4
+
+
+def enum_value(enum_cls: type[enum.IntEnum], value: int, field_name: str) -> enum.IntEnum:
+    """Turn a wire enum number into the domain enum, rejecting 0 and unknown numbers."""
+    try:
+        return enum_cls(value)
+    except ValueError:
+        names = ", ".join(m.name for m in enum_cls)
+        raise InvalidArgument(f"{field_name} must be one of {names} (got {value})") from None
+
+
+@dataclass(slots=True)
+class Session:
+    tenant_id: str
+    user_id: str
+    session_id: str
+    title: str
+    status: SessionStatus
+    created_at_ms: int
+    updated_at_ms: int
+    closed_at_ms: int = 0
+    parent_session_id: str = ""
+    task: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+    message_count: int = 0
+
+
+@dataclass(slots=True)
+class NewMessage:
+    role: Role
+    text: str
+    tool_name: str = ""
+    tool_call_id: str = ""
+    client_timestamp_ms: int = 0
+    idempotency_key: str = ""
+    speaker: str = ""
+
+
+@dataclass(slots=True)
+class Message:
+    message_id: str
+    session_id: str
+    seq: int
+    role: Role
+    text: str
+    tool_name: str
+    tool_call_id: str
+    timestamp_ms: int
+    created_at_ms: int
+    tokens: int
+    # Tokens of the line as rendered in a prompt ("role: text"), counted at ingest too.
+    line_tokens: int
+    idempotency_key: str = ""
+    speaker: str = ""
+
+    @property
+    def rendered(self) -> str:
+        return render_message_line(self.role, self.speaker, self.text)
+
+
+def render_message_line(role: Role, speaker: str, text: str) -> str:
+    return f"{speaker or role.label}: {text}"
+
+
+@dataclass(slots=True)
+class Fact:
+    key: str
+    value: str
+    provenance: Provenance
+    source: str
+    updated_at_ms: int
+    status: FactStatus
+    version: int
+    tokens: int
+
+    @property
+    def rendered(self) -> str:
+        return render_fact_line(self.key, self.value)
+
+
+def render_fact_line(key: str, value: str) -> str:
+    return f"{key}: {value}"
+
+
+@dataclass(slots=True)
+class FactChange:
+    fact: Fact
+    action: str
+    reason: str
+
+
+@dataclass(slots=True)
+class Run:
+    run_id: str
+    session_id: str
+    status: RunStatus
+    goal: str
+    reason: str
+    created_at_ms: int
+    updated_at_ms: int
+    checkpoint_count: int = 0
+
+
+@dataclass(slots=True)
+class RunCheckpoint:
+    checkpoint_id: str
+    run_id: str
+    seq: int
+    state: bytes
+    pending_step: str
+    created_at_ms: int
+
+
+@dataclass(slots=True)
+class Job:
+    job_id: str
+    tenant_id: str
+    user_id: str
+    kind: str
+    payload: dict
+    status: JobStatus
+    attempts: int
+    error: str
+    done_items: int
+    total_items: int
+    created_at_ms: int
+    updated_at_ms: int
+    result: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,158 @@
+"""In-process cache in front of a Store backend.
+
+BuildContext must not wait on the database: a session's tail of messages (with token counts and
+dedup keys) and its facts live here, loaded on first use and updated after every committed write,
+so reads never see a state the database does not have.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import fastpath
+from sidecar.domain import Fact, FactChange, FactStatus, Message, NewMessage, Scope, Session
+from sidecar.text import term_set
+
+MAX_CACHED_MESSAGES = 4096
+MAX_CACHED_SESSIONS = 20_000
+
+
+@dataclass(slots=True)
+class SessionView:
+    """A session as the hot path sees it. Treat as read-only outside the cache."""
+
+    session: Session
+    messages: list[Message]  # oldest first, the last MAX_CACHED_MESSAGES
+    exact_keys: np.ndarray  # uint64, parallel to messages
+    simhashes: np.ndarray  # uint64, parallel to messages
+    terms: list[frozenset[str]]
+    confirmed: dict[str, Fact] = field(default_factory=dict)
+    candidates: dict[str, Fact] = field(default_factory=dict)
+    # Bumped on every change of the confirmed facts; the state hash is derived from it lazily.
+    state_version: int = 0
+
+    def add_messages(self, new: Sequence[Message]) -> None:
+        if not new:
+            return
+        exact, sim = fastpath.text_keys([m.rendered for m in new])
+        self.messages.extend(new)
+        self.exact_keys = np.concatenate([self.exact_keys, exact])
+        self.simhashes = np.concatenate([self.simhashes, sim])
+        self.terms.extend(term_set(m.text) for m in new)
+        if len(self.messages) > MAX_CACHED_MESSAGES:
+            cut = len(self.messages) - MAX_CACHED_MESSAGES
+            del self.messages[:cut]
+            del self.terms[:cut]
+            self.exact_keys = self.exact_keys[cut:]
+            self.simhashes = self.simhashes[cut:]
+        self.session.message_count = self.messages[-1].seq
+
+    def set_facts(self, facts: Sequence[Fact]) -> None:
+        self.confirmed, self.candidates = {}, {}
+        self.apply_fact_changes(facts, ())
+
+    def apply_fact_changes(self, upserts: Sequence[Fact], deletes: Sequence[tuple[str, int]]) -> None:
+        by_status = {FactStatus.CONFIRMED: self.confirmed, FactStatus.CANDIDATE: self.candidates}
+        for key, status in deletes:
+            by_status[FactStatus(status)].pop(key, None)
+        for f in upserts:
+            by_status[f.status][f.key] = f
+        self.state_version += 1
+
+
+class CachingStore:
+    """Implements the Store protocol by delegating to `backend`, caching hot session reads."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self._views: OrderedDict[tuple[str, str, str], SessionView] = OrderedDict()
+        self._lock = threading.RLock()
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything not cached here (runs, jobs, ...) goes straight to the backend.
+        return getattr(self.backend, name)
+
+    # ------------------------------------------------------------------ hot reads
+    def session_view(self, scope: Scope, session_id: str) -> SessionView | None:
+        key = (scope.tenant_id, scope.user_id, session_id)
+        with self._lock:
+            view = self._views.get(key)
+            if view is not None:
+                self._views.move_to_end(key)
+                return view
+            session = self.backend.get_session(scope, session_id)
+            if session is None:
+                return None
+            view = SessionView(session=session, messages=[], exact_keys=np.zeros(0, np.uint64),
+                               simhashes=np.zeros(0, np.uint64), terms=[])
+            view.add_messages(self.backend.list_messages(scope, session_id, newest=MAX_CACHED_MESSAGES))
+            view.session.message_count = session.message_count
+            view.set_facts(self.backend.get_facts(scope, session_id))
+            self._views[key] = view
+            if len(self._views) > MAX_CACHED_SESSIONS:
+                self._views.popitem(last=False)
+            return view
+
+    def get_session(self, scope: Scope, session_id: str) -> Session | None:
+        view = self.session_view(scope, session_id)
+        return view.session if view else None
+
+    def get_facts(self, scope: Scope, session_id: str) -> list[Fact]:
+        view = self.session_view(scope, session_id)
+        if view is None:
+            return []
+        return sorted([*view.confirmed.values(), *view.candidates.values()], key=lambda f: (f.key, f.status))
+
+    def list_messages(self, scope: Scope, session_id: str, *, newest: int = 0, from_seq: int = 0,
+                      to_seq: int = 0) -> list[Message]:
+        view = self.session_view(scope, session_id)
+        if view is None:
+            return []
+        cached = view.messages
+        if newest > 0 and (newest <= len(cached) or len(cached) == view.session.message_count):
+            return cached[-newest:]
+        first_cached = cached[0].seq if cached else 1
+        if newest <= 0 and max(from_seq, 1) >= first_cached:
+            return [m for m in cached if m.seq >= from_seq and (to_seq <= 0 or m.seq <= to_seq)]
+        return self.backend.list_messages(scope, session_id, newest=newest, from_seq=from_seq, to_seq=to_seq)
+
+    # ------------------------------------------------------------------ writes (backend first, then cache)
+    def create_session(self, scope: Scope, session: Session) -> None:
+        with self._lock:
+            self.backend.create_session(scope, session)
+
+    def close_session(self, scope: Scope, session_id: str, at_ms: int) -> None:
+        with self._lock:
+            self.backend.close_session(scope, session_id, at_ms)
+            self._views.pop((scope.tenant_id, scope.user_id, session_id), None)
+
+    def append_messages(self, scope: Scope, session_id: str, messages: Sequence[NewMessage],
+                        token_counts: Sequence[tuple[int, int]], now_ms: int) -> list[Message]:
+        with self._lock:
+            view = self.session_view(scope, session_id)
+            stored = self.backend.append_messages(scope, session_id, messages, token_counts, now_ms)
+            if view is not None:
+                last = view.messages[-1].seq if view.messages else 0
+                view.add_messages([m for m in stored if m.seq > last])
+                view.session.updated_at_ms = now_ms
+            return stored
+
+    def write_facts(self, scope: Scope, session_id: str, upserts: Sequence[Fact], deletes: Sequence[tuple[str, int]],
+                    changes: Sequence[FactChange], at_ms: int) -> None:
+        with self._lock:
+            self.backend.write_facts(scope, session_id, upserts, deletes, changes, at_ms)
+            view = self._views.get((scope.tenant_id, scope.user_id, session_id))
+            if view is not None:
+                view.apply_fact_changes(upserts, deletes)
+                view.session.updated_at_ms = at_ms
+
+    def evict_user(self, scope: Scope) -> None:
+        with self._lock:
+            for key in [k for k in self._views if k[0] == scope.tenant_id and k[1] == scope.user_id]:
+                del self._views[key]

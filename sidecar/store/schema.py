@@ -1,0 +1,55 @@
+"""Versioned schema. Each migration runs once, in order, inside a transaction; the applied
+versions are recorded in schema_migrations. Every user-data table carries tenant_id and user_id."""
+
+from __future__ import annotations
+
+MIGRATIONS: list[tuple[int, str, str]] = [
+    (
+        1,
+        "sessions, messages, facts, runs, jobs",
+        """
+        CREATE TABLE sessions (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, session_id VARCHAR NOT NULL,
+            title VARCHAR NOT NULL, status SMALLINT NOT NULL,
+            created_at_ms BIGINT NOT NULL, updated_at_ms BIGINT NOT NULL, closed_at_ms BIGINT NOT NULL,
+            parent_session_id VARCHAR NOT NULL, task VARCHAR NOT NULL, metadata VARCHAR NOT NULL,
+            PRIMARY KEY (tenant_id, user_id, session_id));
+        CREATE TABLE messages (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, session_id VARCHAR NOT NULL,
+            seq BIGINT NOT NULL, message_id VARCHAR NOT NULL, role SMALLINT NOT NULL, text VARCHAR NOT NULL,
+            tool_name VARCHAR NOT NULL, tool_call_id VARCHAR NOT NULL, timestamp_ms BIGINT NOT NULL,
+            created_at_ms BIGINT NOT NULL, tokens INTEGER NOT NULL, line_tokens INTEGER NOT NULL,
+            idempotency_key VARCHAR NOT NULL, speaker VARCHAR NOT NULL,
+            PRIMARY KEY (tenant_id, user_id, session_id, seq));
+        CREATE TABLE facts (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, session_id VARCHAR NOT NULL,
+            key VARCHAR NOT NULL, status SMALLINT NOT NULL, value VARCHAR NOT NULL,
+            provenance SMALLINT NOT NULL, source VARCHAR NOT NULL, updated_at_ms BIGINT NOT NULL,
+            version BIGINT NOT NULL, tokens INTEGER NOT NULL,
+            PRIMARY KEY (tenant_id, user_id, session_id, key, status));
+        CREATE TABLE fact_history (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, session_id VARCHAR NOT NULL,
+            key VARCHAR NOT NULL, version BIGINT NOT NULL, status SMALLINT NOT NULL, value VARCHAR NOT NULL,
+            provenance SMALLINT NOT NULL, source VARCHAR NOT NULL, at_ms BIGINT NOT NULL,
+            action VARCHAR NOT NULL, reason VARCHAR NOT NULL, tokens INTEGER NOT NULL);
+        CREATE TABLE runs (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, session_id VARCHAR NOT NULL,
+            run_id VARCHAR NOT NULL, status SMALLINT NOT NULL, goal VARCHAR NOT NULL, reason VARCHAR NOT NULL,
+            created_at_ms BIGINT NOT NULL, updated_at_ms BIGINT NOT NULL,
+            PRIMARY KEY (tenant_id, user_id, run_id));
+        CREATE TABLE run_checkpoints (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, run_id VARCHAR NOT NULL,
+            seq BIGINT NOT NULL, checkpoint_id VARCHAR NOT NULL, state BLOB NOT NULL,
+            pending_step VARCHAR NOT NULL, created_at_ms BIGINT NOT NULL,
+            PRIMARY KEY (tenant_id, user_id, run_id, seq));
+        CREATE TABLE jobs (
+            job_id VARCHAR PRIMARY KEY, tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL,
+            kind VARCHAR NOT NULL, payload VARCHAR NOT NULL, status SMALLINT NOT NULL,
+            attempts INTEGER NOT NULL, error VARCHAR NOT NULL, done_items BIGINT NOT NULL,
+            total_items BIGINT NOT NULL, created_at_ms BIGINT NOT NULL, updated_at_ms BIGINT NOT NULL,
+            result VARCHAR NOT NULL);
+        """,
+    ),
+]
+
+LATEST_VERSION = MIGRATIONS[-1][0]

@@ -1,0 +1,33 @@
+"""Lexical terms shared by the lexical scorers: lowercased words and single CJK characters,
+with a light English suffix strip so "restarts"/"restarted" meet "restart"."""
+
+from __future__ import annotations
+
+import re
+
+_TERM_RE = re.compile(r"[0-9a-z_]+(?:[-.][0-9a-z_]+)*|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_SUFFIXES = ("ing", "ed", "es", "s")
+STOPWORDS = frozenset(
+    "a an the and or but if then of to in on at by for with from as is are was were be been being do does did "
+    "i you he she it we they me my your our their this that these those what which who whom how when where why "
+    "can could would should will shall may might must not no yes so than too very just about into over under "
+    "again there here all any some such only own same other its his her them us am has have had having "
+    "的 了 是 在 我 你 他 她 它 们 这 那 和 与 就 也 都 吗 呢 吧 啊 一 个".split()
+)
+
+
+def stem(word: str) -> str:
+    if len(word) > 4 and not word.isdigit():
+        for suffix in _SUFFIXES:
+            if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+                return word[: -len(suffix)]
+    return word
+
+
+def terms(text: str) -> list[str]:
+    """Content terms of a text, in order (stopwords removed, stemmed)."""
+    return [stem(t) for t in _TERM_RE.findall(text.lower()) if t not in STOPWORDS]
+
+
+def term_set(text: str) -> frozenset[str]:
+    return frozenset(terms(text))

