@@ -63,7 +63,7 @@ def throughput(make_call: Callable[[int], Callable[[], object]], threads: int, s
 class ServerProcess:
     """`python -m sidecar serve` on a temp DuckDB file and a free port."""
 
-    def __init__(self, extra: list[str] | None = None) -> None:
+    def __init__(self, extra: list[str] | None = None, command: list[str] | None = None) -> None:
         import socket
 
         with socket.socket() as s:
@@ -73,7 +73,7 @@ class ServerProcess:
         self.address = f"127.0.0.1:{port}"
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "serve", "--db", f"{self.tmp}/bench.duckdb", "--listen", self.address,
+            [*(command or [sys.executable, "-m", "sidecar", "serve"]), "--db", f"{self.tmp}/bench.duckdb", "--listen", self.address,
              "--log-level", "WARNING", *(extra or [])],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         while True:

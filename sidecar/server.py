@@ -7,6 +7,7 @@ import hmac
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from concurrent import futures
 
 import grpc
@@ -88,8 +89,9 @@ def build_server(app: Sidecar, *, listen: str | None, uds: str | None, auth_toke
     return server, (0 if uds else port), health_servicer
 
 
-def serve(db_path: str, *, listen: str | None, uds: str | None, auth_token: str | None) -> int:
-    app = Sidecar(db_path)
+def serve(db_path: str, *, listen: str | None, uds: str | None, auth_token: str | None,
+          app_factory: Callable[[str], Sidecar] = Sidecar) -> int:
+    app = app_factory(db_path)
     server, port, health_servicer = build_server(app, listen=listen, uds=uds, auth_token=auth_token)
     server.start()
     where = f"unix:{uds}" if uds else f"{(listen or '127.0.0.1:50051').rsplit(':', 1)[0]}:{port}"

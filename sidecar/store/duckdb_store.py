@@ -45,6 +45,11 @@ _RUN_COLS = "run_id, session_id, status, goal, reason, created_at_ms, updated_at
 _JOB_COLS = ("job_id, tenant_id, user_id, kind, payload, status, attempts, error, done_items, total_items, "
              "created_at_ms, updated_at_ms, result")
 
+# Message count and last message time of a session, so appends need not update the session row.
+_MESSAGE_STATS = ("(SELECT count(*) FROM messages m WHERE m.tenant_id = s.tenant_id AND m.user_id = s.user_id "
+                  "AND m.session_id = s.session_id), (SELECT coalesce(max(created_at_ms), 0) FROM messages m "
+                  "WHERE m.tenant_id = s.tenant_id AND m.user_id = s.user_id AND m.session_id = s.session_id)")
+
 # Rows per multi-row INSERT: large enough to amortise the statement cost, small enough for the parser.
 _INSERT_CHUNK = 200
 
@@ -56,6 +61,7 @@ class DuckDBStore:
         self.path = path
         self._conn = duckdb.connect(path)
         self._lock = threading.RLock()
+        self._next_seq: dict[tuple[str, str, str], int] = {}
         self._migrate()
 
     # ------------------------------------------------------------------ plumbing
@@ -108,11 +114,11 @@ class DuckDBStore:
 
     # ------------------------------------------------------------------ sessions
     @staticmethod
-    def _session(row: tuple, message_count: int = 0) -> Session:
+    def _session(row: tuple) -> Session:
         return Session(
             tenant_id=row[0], user_id=row[1], session_id=row[2], title=row[3], status=SessionStatus(row[4]),
-            created_at_ms=row[5], updated_at_ms=row[6], closed_at_ms=row[7], parent_session_id=row[8],
-            task=row[9], metadata=json.loads(row[10]), message_count=message_count,
+            created_at_ms=row[5], updated_at_ms=max(row[6], row[12]), closed_at_ms=row[7], parent_session_id=row[8],
+            task=row[9], metadata=json.loads(row[10]), message_count=row[11],
         )
 
     def create_session(self, scope: Scope, session: Session) -> None:
@@ -125,23 +131,21 @@ class DuckDBStore:
 
     def get_session(self, scope: Scope, session_id: str) -> Session | None:
         rows = self._query(
-            f"SELECT {_SESSION_COLS}, (SELECT count(*) FROM messages m WHERE m.tenant_id = s.tenant_id "
-            "AND m.user_id = s.user_id AND m.session_id = s.session_id) FROM sessions s "
+            f"SELECT {_SESSION_COLS}, {_MESSAGE_STATS} FROM sessions s "
             "WHERE tenant_id = ? AND user_id = ? AND session_id = ?",
             [scope.tenant_id, scope.user_id, session_id],
         )
-        return self._session(rows[0], rows[0][-1]) if rows else None
+        return self._session(rows[0]) if rows else None
 
     def list_sessions(self, scope: Scope, *, limit: int, offset: int, include_closed: bool) -> list[Session]:
         status_filter = "" if include_closed else f"AND status = {int(SessionStatus.OPEN)}"
         rows = self._query(
-            f"SELECT {_SESSION_COLS}, (SELECT count(*) FROM messages m WHERE m.tenant_id = s.tenant_id "
-            "AND m.user_id = s.user_id AND m.session_id = s.session_id) FROM sessions s "
+            f"SELECT {_SESSION_COLS}, {_MESSAGE_STATS} FROM sessions s "
             f"WHERE tenant_id = ? AND user_id = ? {status_filter} "
             "ORDER BY created_at_ms DESC, session_id DESC LIMIT ? OFFSET ?",
             [scope.tenant_id, scope.user_id, limit, offset],
         )
-        return [self._session(r, r[-1]) for r in rows]
+        return [self._session(r) for r in rows]
 
     def close_session(self, scope: Scope, session_id: str, at_ms: int) -> None:
         with self._tx() as c:
@@ -166,44 +170,47 @@ class DuckDBStore:
     ) -> list[Message]:
         """Store a batch atomically. Messages whose idempotency key is already stored in the session
         are not stored again; the stored row is returned in their place."""
-        with self._tx() as c:
-            key_params = [m.idempotency_key for m in messages if m.idempotency_key]
-            existing: dict[str, Message] = {}
-            if key_params:
-                marks = ", ".join("?" * len(key_params))
-                for r in c.execute(
-                    f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant_id = ? AND user_id = ? AND session_id = ? "
-                    f"AND idempotency_key IN ({marks})",
-                    [scope.tenant_id, scope.user_id, session_id, *key_params],
-                ).fetchall():
-                    existing[r[13]] = self._message(r)
-            next_seq = c.execute(
-                "SELECT coalesce(max(seq), 0) + 1 FROM messages WHERE tenant_id = ? AND user_id = ? AND session_id = ?",
-                [scope.tenant_id, scope.user_id, session_id],
-            ).fetchone()[0]
-            out: list[Message] = []
-            rows = []
-            for m, (tokens, line_tokens) in zip(messages, token_counts, strict=True):
-                if m.idempotency_key and m.idempotency_key in existing:
-                    out.append(existing[m.idempotency_key])
-                    continue
-                msg = Message(
-                    message_id=new_id("msg"), session_id=session_id, seq=next_seq, role=m.role, text=m.text,
-                    tool_name=m.tool_name, tool_call_id=m.tool_call_id, timestamp_ms=m.client_timestamp_ms or now_ms,
-                    created_at_ms=now_ms, tokens=tokens, line_tokens=line_tokens,
-                    idempotency_key=m.idempotency_key, speaker=m.speaker,
-                )
-                if m.idempotency_key:
-                    existing[m.idempotency_key] = msg  # a key repeated inside one batch is stored once
-                next_seq += 1
-                out.append(msg)
-                rows.append((scope.tenant_id, scope.user_id, session_id, msg.seq, msg.message_id, int(msg.role),
-                             msg.text, msg.tool_name, msg.tool_call_id, msg.timestamp_ms, msg.created_at_ms,
-                             msg.tokens, msg.line_tokens, msg.idempotency_key, msg.speaker))
-            self._insert_many(c, "messages", _MESSAGE_COLS, rows)
-            if rows:
-                c.execute("UPDATE sessions SET updated_at_ms = ? WHERE tenant_id = ? AND user_id = ? AND session_id = ?",
-                          [now_ms, scope.tenant_id, scope.user_id, session_id])
+        with self._lock:
+            with self._tx() as c:
+                key_params = [m.idempotency_key for m in messages if m.idempotency_key]
+                existing: dict[str, Message] = {}
+                if key_params:
+                    marks = ", ".join("?" * len(key_params))
+                    for r in c.execute(
+                        f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant_id = ? AND user_id = ? AND session_id = ? "
+                        f"AND idempotency_key IN ({marks})",
+                        [scope.tenant_id, scope.user_id, session_id, *key_params],
+                    ).fetchall():
+                        existing[r[13]] = self._message(r)
+                seq_key = (scope.tenant_id, scope.user_id, session_id)
+                next_seq = self._next_seq.get(seq_key)
+                if next_seq is None:
+                    next_seq = c.execute(
+                        "SELECT coalesce(max(seq), 0) + 1 FROM messages WHERE tenant_id = ? AND user_id = ? "
+                        "AND session_id = ?", [scope.tenant_id, scope.user_id, session_id]).fetchone()[0]
+                out: list[Message] = []
+                rows = []
+                for m, (tokens, line_tokens) in zip(messages, token_counts, strict=True):
+                    if m.idempotency_key and m.idempotency_key in existing:
+                        out.append(existing[m.idempotency_key])
+                        continue
+                    msg = Message(
+                        message_id=new_id("msg"), session_id=session_id, seq=next_seq, role=m.role, text=m.text,
+                        tool_name=m.tool_name, tool_call_id=m.tool_call_id, timestamp_ms=m.client_timestamp_ms or now_ms,
+                        created_at_ms=now_ms, tokens=tokens, line_tokens=line_tokens,
+                        idempotency_key=m.idempotency_key, speaker=m.speaker,
+                    )
+                    if m.idempotency_key:
+                        existing[m.idempotency_key] = msg  # a key repeated inside one batch is stored once
+                    next_seq += 1
+                    out.append(msg)
+                    rows.append((scope.tenant_id, scope.user_id, session_id, msg.seq, msg.message_id, int(msg.role),
+                                 msg.text, msg.tool_name, msg.tool_call_id, msg.timestamp_ms, msg.created_at_ms,
+                                 msg.tokens, msg.line_tokens, msg.idempotency_key, msg.speaker))
+                self._insert_many(c, "messages", _MESSAGE_COLS, rows)
+            # Only this process writes the file, so the next sequence number can live in memory; it is
+            # recorded after the commit so a rolled-back batch leaves no gap.
+            self._next_seq[seq_key] = next_seq
             return out
 
     def list_messages(
