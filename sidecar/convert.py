@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from sidecar.api import context_service_pb2 as pb
 from sidecar.domain import (
     Fact,
@@ -94,7 +96,22 @@ def build_request(request):
         budget=budget(request.budget, request.HasField("budget")), roles=tuple(request.roles),
         query_embedding=np.asarray(request.query_embedding, np.float32) if request.query_embedding else None,
         debug=request.debug, min_score=request.min_score if request.min_score else float("-inf"),
+        max_dropped=max(request.max_dropped, 0),
     )
+
+
+# Building a ContextItem from keyword arguments costs ~2 us; copying a prepared one ~0.6 us. Items
+# are immutable per (source, text), so each thread keeps prepared ones (per thread: the score is set
+# on the template just before it is copied into the response).
+_ITEM_TEMPLATE_LIMIT = 50_000
+_local = threading.local()
+
+
+def _item_templates() -> dict[tuple[str, str], pb.ContextItem]:
+    cache = getattr(_local, "items", None)
+    if cache is None:
+        cache = _local.items = {}
+    return cache
 
 
 def build_response(result, render_mode: int) -> pb.BuildContextResponse:
@@ -106,14 +123,25 @@ def build_response(result, render_mode: int) -> pb.BuildContextResponse:
         stable_prefix_hash=result.stable_prefix_hash, stable_prefix_tokens=result.stable_prefix_tokens,
         knowledge_status=result.knowledge_status,
     )
+    templates = _item_templates()
     for kind, items in result.sections:
         if not items:
             continue
         section = resp.sections.add(kind=int(kind), tokens=sum(it.tokens for it in items))
-        add = section.items.add
+        out = []
         for it in items:
-            add(source=it.source, category=it.category, score=it.score, tokens=it.tokens, text=it.text,
-                role=it.role, timestamp_ms=it.timestamp_ms, source_message_ids=it.source_message_ids)
+            key = (it.source, it.text)
+            msg = templates.get(key)
+            if msg is None:
+                msg = pb.ContextItem(source=it.source, category=it.category, tokens=it.tokens, text=it.text,
+                                     role=it.role, timestamp_ms=it.timestamp_ms,
+                                     source_message_ids=it.source_message_ids)
+                if len(templates) >= _ITEM_TEMPLATE_LIMIT:
+                    templates.clear()
+                templates[key] = msg
+            msg.score = it.score
+            out.append(msg)
+        section.items.extend(out)
     for u in result.usage:
         resp.usage.add(category=u.category, budget=u.budget, used=u.used, candidates=u.candidates,
                        selected=u.selected, flowed_in=u.flowed_in)
@@ -121,6 +149,8 @@ def build_response(result, render_mode: int) -> pb.BuildContextResponse:
     for d in result.dropped:
         add_dropped(source=d.source, category=d.category, reason=d.reason, score=d.score, tokens=d.tokens,
                     kept_source=d.kept_source)
+    for reason, count in sorted(result.drop_counts.items()):
+        resp.dropped_counts.add(reason=reason, count=count)
     for stage, micros in result.timings:
         resp.timings.add(stage=stage, micros=micros)
     if render_mode == pb.RENDER_MODE_TEXT:

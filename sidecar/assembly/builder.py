@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -43,6 +44,7 @@ HEADERS: dict[Section, str] = {
 HEADER_TOKENS = {s: count_tokens_cached("\n" + h + "\n") for s, h in HEADERS.items()}
 SOFT_SECTIONS = (Section.MEMORIES, Section.KNOWLEDGE, Section.SUMMARY, Section.RECENT_MESSAGES,
                  Section.TOOL_OBSERVATIONS)
+DEFAULT_MAX_DROPPED = 100
 SOFT_HEADER_RESERVE = sum(HEADER_TOKENS[s] for s in SOFT_SECTIONS)
 
 
@@ -70,6 +72,7 @@ class BuildRequest:
     query_embedding: np.ndarray | None = None
     debug: bool = False
     min_score: float = float("-inf")
+    max_dropped: int = 0
 
 
 @dataclass(slots=True)
@@ -113,6 +116,7 @@ class BuildResult:
     soft_zone_tokens: int
     total_budget: int
     dropped: list[Dropped]
+    drop_counts: dict[int, int]
     stable_prefix_hash: str
     stable_prefix_tokens: int
     knowledge_status: int
@@ -169,7 +173,9 @@ class ContextBuilder:
         clock.lap("candidates")
 
         soft_total = max(budget.total - hard_tokens - SOFT_HEADER_RESERVE, 0)
-        soft_sections, usage, dropped, soft_tokens = self._select(batches, budget, soft_total, req.min_score, clock)
+        max_dropped = (1 << 30) if req.debug and not req.max_dropped else (req.max_dropped or DEFAULT_MAX_DROPPED)
+        soft_sections, usage, dropped, drop_counts, soft_tokens = self._select(
+            batches, budget, soft_total, req.min_score, max_dropped, clock)
 
         sections = [(s, items) for s, items in hard if s != Section.QUERY]
         sections += soft_sections
@@ -179,7 +185,7 @@ class ContextBuilder:
         clock.lap("render")
         return BuildResult(
             sections=sections, usage=usage, hard_zone_tokens=hard_tokens, soft_zone_tokens=soft_tokens,
-            total_budget=budget.total, dropped=dropped, stable_prefix_hash=prefix_hash,
+            total_budget=budget.total, dropped=dropped, drop_counts=drop_counts, stable_prefix_hash=prefix_hash,
             stable_prefix_tokens=prefix_tokens, knowledge_status=_knowledge_status(batches), timings=clock.laps)
 
     # ------------------------------------------------------------------ hard zone
@@ -220,22 +226,21 @@ class ContextBuilder:
 
     # ------------------------------------------------------------------ soft zone
     def _select(self, batches: list[CandidateBatch], budget: Budget, soft_total: int, min_score: float,
-                clock: _StageClock) -> tuple[list[tuple[Section, list[Item]]], list[Usage], list[Dropped], int]:
+                max_dropped: int, clock: _StageClock
+                ) -> tuple[list[tuple[Section, list[Item]]], list[Usage], list[Dropped], dict[int, int], int]:
         live = [b for b in batches if len(b)]
-        texts = [t for b in live for t in b.texts]
-        sources = [s for b in live for s in b.sources]
-        n = len(texts)
-        category = np.fromiter((int(b.category) for b in live for _ in range(len(b))), np.int32, n)
-        tokens = np.fromiter((t for b in live for t in b.tokens), np.int32, n)
-        relevance = np.fromiter((r for b in live for r in b.relevance), np.float64, n)
-        age = np.fromiter((a for b in live for a in b.age_s), np.float64, n)
-        priority = np.fromiter((p for b in live for p in b.priority), np.float64, n)
-        missing = [b for b in live if b.exact_keys is None]
-        if missing:  # sources that did not precompute their keys
-            for b in missing:
-                b.exact_keys, b.simhashes = fastpath.text_keys(b.texts)
-        exact = np.concatenate([b.exact_keys for b in live]) if live else np.zeros(0, np.uint64)
-        sim = np.concatenate([b.simhashes for b in live]) if live else np.zeros(0, np.uint64)
+        for b in live:
+            if b.exact_keys is None:  # sources that did not precompute their keys
+                b.exact_keys, b.simhashes = fastpath.text_keys(list(b.texts))
+        sizes = [len(b) for b in live]
+        offsets = np.cumsum([0, *sizes]).tolist()
+        cat_ids = np.array([int(b.category) for b in live], np.int32)
+        category = np.repeat(cat_ids, sizes)
+        join = lambda attr, dtype: (np.concatenate([np.asarray(getattr(b, attr), dtype) for b in live])  # noqa: E731
+                                    if live else np.zeros(0, dtype))
+        tokens = join("tokens", np.int32)
+        exact, sim = join("exact_keys", np.uint64), join("simhashes", np.uint64)
+        relevance, age, priority = join("relevance", np.float64), join("age_s", np.float64), join("priority", np.float64)
         cat_budget = np.array([c.budget_of(budget) for c in SoftCategory], np.int64)
         clock.lap("features")
 
@@ -246,32 +251,52 @@ class ContextBuilder:
                               flow_unused=budget.flow_unused)
         clock.lap("select")
 
-        # Per-item metadata lives in the batches; map a global index back to (batch, offset).
-        owners: list[tuple[CandidateBatch, int]] = [(b, j) for b in live for j in range(len(b))]
+        def locate(i: int) -> tuple[CandidateBatch, int]:
+            k = bisect_right(offsets, i) - 1
+            return live[k], i - offsets[k]
+
         by_section: dict[Section, list[Item]] = {s: [] for s in SOFT_SECTIONS}
-        scores = sel.scores
+        scores = sel.scores.tolist()
+        token_list = tokens.tolist()
+        wires = {b.category: b.category.wire for b in live}
         for i in sel.selected_in_order.tolist():
-            b, j = owners[i]
+            b, j = locate(i)
+            role, ts, order_key, message_ids = b.meta(j) if b.meta else (0, 0, None, ())
             by_section[b.section].append(Item(
-                source=sources[i], category=b.category.wire, score=float(scores[i]), tokens=int(tokens[i]),
-                text=texts[i], role=b.roles[j] if b.roles else 0, timestamp_ms=b.timestamps[j] if b.timestamps else 0,
-                source_message_ids=b.source_message_ids[j] if b.source_message_ids else (),
-                order_key=b.order_keys[j] if b.order_keys else -float(scores[i])))
+                source=b.sources[j], category=wires[b.category], score=scores[i], tokens=token_list[i], text=b.texts[j],
+                role=role, timestamp_ms=ts, source_message_ids=message_ids,
+                order_key=-scores[i] if order_key is None else order_key))
         for items in by_section.values():
             items.sort(key=lambda it: it.order_key)
 
+        # Drops: every one is counted; the most relevant are listed (the long tail is usually noise).
         status = sel.status
+        not_selected = np.flatnonzero(status != fastpath.SELECTED)
+        counts: dict[int, int] = {}
+        for code, n in zip(*np.unique(status[not_selected], return_counts=True), strict=True):
+            counts[_STATUS_TO_DROP[int(code)]] = int(n)
+        listed = not_selected[np.argsort(-sel.scores[not_selected], kind="stable")[:max_dropped]].tolist()
         dup_of = sel.dup_of
-        dropped = [Dropped(sources[i], owners[i][0].category.wire, _STATUS_TO_DROP[int(status[i])],
-                           float(scores[i]), int(tokens[i]), sources[dup_of[i]] if dup_of[i] >= 0 else "")
-                   for i in np.flatnonzero(status != fastpath.SELECTED).tolist()]
-        dropped += [Dropped(d.source, d.category.wire, d.reason, 0.0, d.tokens, d.kept_source)
-                    for b in batches for d in b.dropped]
-        counts = np.bincount(category, minlength=len(SoftCategory)) if n else np.zeros(len(SoftCategory), np.int64)
-        picked = np.bincount(category[sel.selected_in_order], minlength=len(SoftCategory)) if n else counts
-        usage = [Usage(c.wire, int(sel.effective_budget[c]), int(sel.used[c]), int(counts[c]), int(picked[c]),
+        dropped = []
+        for i in listed:
+            b, j = locate(i)
+            kept = ""
+            if dup_of[i] >= 0:
+                kb, kj = locate(int(dup_of[i]))
+                kept = kb.sources[kj]
+            dropped.append(Dropped(b.sources[j], b.category.wire, _STATUS_TO_DROP[int(status[i])], scores[i],
+                                   token_list[i], kept))
+        for b in batches:
+            for d in b.dropped:
+                counts[d.reason] = counts.get(d.reason, 0) + 1
+                if len(dropped) < max_dropped:
+                    dropped.append(Dropped(d.source, d.category.wire, d.reason, 0.0, d.tokens, d.kept_source))
+        n_cat = len(SoftCategory)
+        considered = np.bincount(category, minlength=n_cat)
+        picked = np.bincount(category[sel.selected_in_order], minlength=n_cat)
+        usage = [Usage(c.wire, int(sel.effective_budget[c]), int(sel.used[c]), int(considered[c]), int(picked[c]),
                        int(sel.flowed_in[c])) for c in SoftCategory]
-        return list(by_section.items()), usage, dropped, int(sel.used.sum())
+        return list(by_section.items()), usage, dropped, counts, int(sel.used.sum())
 
 
 def _knowledge_status(batches: list[CandidateBatch]) -> int:

@@ -4,6 +4,7 @@ parallel lists (cheap to build, cheap to turn into the fastpath's numpy arrays).
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -71,21 +72,23 @@ class SourceDrop:
     kept_source: str = ""
 
 
+ItemMeta = tuple[int, int, float | None, tuple[str, ...]]
+
+
 @dataclass(slots=True)
 class CandidateBatch:
     category: SoftCategory
     section: Section
-    texts: list[str] = field(default_factory=list)
-    sources: list[str] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    relevance: list[float] = field(default_factory=list)
-    age_s: list[float] = field(default_factory=list)
-    priority: list[float] = field(default_factory=list)
-    roles: list[int] = field(default_factory=list)  # proto Role, 0 for non-messages
-    timestamps: list[int] = field(default_factory=list)
-    # Position inside the section when rendered (conversational order for messages).
-    order_keys: list[float] = field(default_factory=list)
-    source_message_ids: list[tuple[str, ...]] = field(default_factory=list)
+    # Parallel sequences (lists or numpy arrays), one entry per candidate.
+    texts: Sequence[str] = field(default_factory=list)
+    sources: Sequence[str] = field(default_factory=list)
+    tokens: Sequence[int] | np.ndarray = field(default_factory=list)
+    relevance: Sequence[float] | np.ndarray = field(default_factory=list)
+    age_s: Sequence[float] | np.ndarray = field(default_factory=list)
+    priority: Sequence[float] | np.ndarray = field(default_factory=list)
+    # Per-item metadata, asked only for the items that are packed: (proto Role or 0, timestamp_ms,
+    # order key inside the section or None for best-score-first, message ids the item stands for).
+    meta: Callable[[int], ItemMeta] | None = None
     exact_keys: np.ndarray | None = None  # uint64; computed by the builder when None
     simhashes: np.ndarray | None = None
     dropped: list[SourceDrop] = field(default_factory=list)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory
 
 # Priority halves every this many turns back, so newer turns always outrank older ones.
@@ -16,29 +18,24 @@ class MessageSource:
 
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
         view = inp.view
-        limit = max(inp.budget.recent_messages * WINDOW_FACTOR, 1)
-        msgs = view.messages
-        start, spent = len(msgs), 0
-        while start > 0 and len(msgs) - start < MAX_WINDOW_MESSAGES:
-            spent += msgs[start - 1].line_tokens + 1
-            if spent > limit:
-                break
-            start -= 1
-        window = msgs[start:]
-        n = len(window)
         batch = CandidateBatch(category=SoftCategory.RECENT_MESSAGES, section=Section.RECENT_MESSAGES)
-        if n == 0:
+        if not view.messages:
             return [batch]
-        batch.texts = [m.rendered for m in window]
-        batch.sources = [f"message:{m.message_id}" for m in window]
-        batch.tokens = [m.line_tokens + 1 for m in window]  # + the newline that separates it
-        batch.relevance = [0.0] * n
-        batch.age_s = [0.0] * n
-        batch.priority = [0.5 ** ((n - 1 - i) / HALF_LIFE_TURNS) for i in range(n)]
-        batch.roles = [int(m.role) for m in window]
-        batch.timestamps = [m.timestamp_ms for m in window]
-        batch.order_keys = [float(m.seq) for m in window]
-        batch.source_message_ids = [(m.message_id,) for m in window]
+        # + 1: the newline that separates a line from the next one in the prompt.
+        tail = view.line_tokens[-MAX_WINDOW_MESSAGES:][::-1] + 1
+        within = int(np.searchsorted(np.cumsum(tail), max(inp.budget.recent_messages * WINDOW_FACTOR, 1),
+                                     side="right"))
+        start = len(view.messages) - max(within, 1)
+        window = view.messages[start:]
+        n = len(window)
+        batch.texts = view.lines[start:]
+        batch.sources = view.sources[start:]
+        batch.tokens = view.line_tokens[start:] + 1
+        batch.relevance = np.zeros(n)
+        batch.age_s = np.zeros(n)
+        batch.priority = 0.5 ** (np.arange(n - 1, -1, -1) / HALF_LIFE_TURNS)
+        batch.meta = lambda j: (int(window[j].role), window[j].timestamp_ms, float(window[j].seq),
+                                (window[j].message_id,))
         batch.exact_keys = view.exact_keys[start:]
         batch.simhashes = view.simhashes[start:]
         return [batch]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sidecar.assembly.builder import HEADERS, ROLE_LABELS, BuildResult, Item
 from sidecar.assembly.candidates import Section
 
+
 def _block(section: Section, items: list[Item]) -> str:
     body = "\n".join(it.text for it in items)
     header = HEADERS.get(section)

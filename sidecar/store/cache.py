@@ -29,9 +29,13 @@ class SessionView:
 
     session: Session
     messages: list[Message]  # oldest first, the last MAX_CACHED_MESSAGES
-    exact_keys: np.ndarray  # uint64, parallel to messages
-    simhashes: np.ndarray  # uint64, parallel to messages
-    terms: list[frozenset[str]]
+    # Parallel to messages, precomputed once so BuildContext only slices:
+    lines: list[str] = field(default_factory=list)  # "role: text" as rendered in a prompt
+    sources: list[str] = field(default_factory=list)  # "message:<id>"
+    line_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    exact_keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    simhashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    terms: list[frozenset[str]] = field(default_factory=list)
     confirmed: dict[str, Fact] = field(default_factory=dict)
     candidates: dict[str, Fact] = field(default_factory=dict)
     # Bumped on every change of the confirmed facts; the state hash is derived from it lazily.
@@ -40,15 +44,20 @@ class SessionView:
     def add_messages(self, new: Sequence[Message]) -> None:
         if not new:
             return
-        exact, sim = fastpath.text_keys([m.rendered for m in new])
+        lines = [m.rendered for m in new]
+        exact, sim = fastpath.text_keys(lines)
         self.messages.extend(new)
+        self.lines.extend(lines)
+        self.sources.extend(f"message:{m.message_id}" for m in new)
+        self.line_tokens = np.concatenate([self.line_tokens, np.fromiter((m.line_tokens for m in new), np.int32)])
         self.exact_keys = np.concatenate([self.exact_keys, exact])
         self.simhashes = np.concatenate([self.simhashes, sim])
         self.terms.extend(term_set(m.text) for m in new)
         if len(self.messages) > MAX_CACHED_MESSAGES:
             cut = len(self.messages) - MAX_CACHED_MESSAGES
-            del self.messages[:cut]
-            del self.terms[:cut]
+            for seq in (self.messages, self.lines, self.sources, self.terms):
+                del seq[:cut]
+            self.line_tokens = self.line_tokens[cut:]
             self.exact_keys = self.exact_keys[cut:]
             self.simhashes = self.simhashes[cut:]
         self.session.message_count = self.messages[-1].seq
@@ -89,8 +98,7 @@ class CachingStore:
             session = self.backend.get_session(scope, session_id)
             if session is None:
                 return None
-            view = SessionView(session=session, messages=[], exact_keys=np.zeros(0, np.uint64),
-                               simhashes=np.zeros(0, np.uint64), terms=[])
+            view = SessionView(session=session, messages=[])
             view.add_messages(self.backend.list_messages(scope, session_id, newest=MAX_CACHED_MESSAGES))
             view.session.message_count = session.message_count
             view.set_facts(self.backend.get_facts(scope, session_id))

@@ -1,0 +1,174 @@
+"""BuildContext bench (issue #4): fastpath vs its reference, in-process and gRPC latency,
+throughput with 8 client threads, a naive count-everything-then-trim baseline, greedy vs optimum.
+
+python bench/assembly.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+
+import fastpath_bench
+import scenario
+from harness import ServerProcess, emit, percentiles, throughput, time_calls
+
+import fastpath
+from sidecar import convert, tokens
+from sidecar.api import context_service_pb2 as pb
+from sidecar.app import Sidecar
+from sidecar.assembly.builder import BuildRequest, ToolSpec
+from sidecar.domain import NewMessage, Provenance, Role, Scope
+from sidecar.services.facts import FactInput
+
+RULES = ("You are OpsPilot, an operations assistant. You may query logs, metrics and traces. Any write action "
+         "(restart, scale, rollback, config change) needs explicit human approval. Answer concisely, cite the "
+         "evidence you used, and say so when the knowledge base has no answer. ") * 3
+TOOLS = [ToolSpec("query_logs", "Query a service's logs",
+                  '{"serviceId":"string","env":"string","timeRange":"string","level":"string"}'),
+         ToolSpec("query_metrics", "Query a Prometheus metric", '{"expr":"string","range":"string"}'),
+         ToolSpec("restart_service", "Restart a service (needs approval)", '{"serviceId":"string","env":"string"}')]
+QUERY = "它的错误日志呢？ payment-api 5xx in production since the deploy"
+SCOPE = Scope("bench", "u1")
+
+
+def make_app(db_path: str) -> Sidecar:
+    app = Sidecar(db_path)
+    app.builder.sources.append(scenario.SyntheticSource())
+    return app
+
+
+def populate_inproc(app: Sidecar) -> str:
+    rng = random.Random(1)
+    sid = app.sessions.create(SCOPE, "bench-session", "bench", {}).session_id
+    msgs = [NewMessage(role=Role.USER if r == "user" else Role.ASSISTANT, text=t) for r, t in scenario.messages(rng)]
+    app.sessions.append(SCOPE, sid, msgs)
+    app.facts.upsert(SCOPE, sid, [FactInput(k, v, Provenance.USER_CONFIRMED, "") for k, v in scenario.facts()])
+    return sid
+
+
+def populate_grpc(stub) -> str:
+    rng = random.Random(1)
+    s = pb.Scope(tenant_id=SCOPE.tenant_id, user_id=SCOPE.user_id)
+    sid = stub.CreateSession(pb.CreateSessionRequest(scope=s, session_id="bench-session")).session_id
+    stub.AppendMessages(pb.AppendMessagesRequest(scope=s, session_id=sid, messages=[
+        pb.NewMessage(role=pb.ROLE_USER if r == "user" else pb.ROLE_ASSISTANT, text=t)
+        for r, t in scenario.messages(rng)]))
+    stub.UpsertFacts(pb.UpsertFactsRequest(scope=s, session_id=sid, facts=[
+        pb.FactInput(key=k, value=v, provenance=pb.PROVENANCE_USER_CONFIRMED) for k, v in scenario.facts()]))
+    return sid
+
+
+def grpc_request(sid: str) -> pb.BuildContextRequest:
+    return pb.BuildContextRequest(
+        scope=pb.Scope(tenant_id=SCOPE.tenant_id, user_id=SCOPE.user_id), session_id=sid, query=QUERY,
+        system_rules=RULES, tools=[pb.ToolSchema(name=t.name, description=t.description, schema_json=t.schema_json)
+                                   for t in TOOLS])
+
+
+def naive_baseline(app: Sidecar, sid: str, synthetic: scenario.SyntheticSource, budget_total: int):
+    """What a typical framework does per call: count every candidate with tiktoken, sort, trim."""
+    view = app.store.session_view(SCOPE, sid)
+    texts = [m.rendered for m in view.messages] + synthetic.texts
+    scores = [float(i) for i in range(len(view.messages))] + [r for b in synthetic.batches for r in b.relevance]
+
+    def call():
+        counted = [(s, tokens.count_tokens(t), t) for s, t in zip(scores, texts, strict=True)]
+        counted.sort(key=lambda x: -x[0])
+        used, out = tokens.count_tokens(RULES) + tokens.count_tokens(QUERY), []
+        for _, n, t in counted:
+            if used + n <= budget_total:
+                out.append(t)
+                used += n
+        return out
+
+    return call
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--db")
+    parser.add_argument("--listen")
+    parser.add_argument("--log-level")
+    args, _ = parser.parse_known_args()
+    if args.serve:  # the server side of the gRPC measurement, with the synthetic source plugged in
+        from sidecar.server import serve
+
+        raise SystemExit(serve(args.db, listen=args.listen, uds=None, auth_token=None, app_factory=make_app))
+
+    n = 400 if args.quick else 3000
+    seconds = 3.0 if args.quick else 10.0
+
+    # -- fastpath vs reference on the scenario's candidates
+    app = make_app(tempfile.mkdtemp(prefix="sidecar-asm-") + "/a.duckdb")
+    sid = populate_inproc(app)
+    req = BuildRequest(session_id=sid, query=QUERY, system_rules=RULES, tools=TOOLS)
+    synthetic = app.builder.sources[-1]
+    from sidecar.assembly.candidates import BuildInput
+    from sidecar.text import term_set
+
+    view = app.store.session_view(SCOPE, sid)
+    inp = BuildInput(SCOPE, view, "", QUERY, term_set(QUERY), None, (), req.budget, 0)
+    batches = [b for src in app.builder.sources for b in src.candidates(inp)]
+    arrays = scenario.feature_arrays(batches)
+    cat_budget = __import__("numpy").array([6000, 4000, 2000, 6000], "int64")
+    candidates = len(arrays["tokens"])
+
+    def run(mod):
+        return lambda: mod.select(arrays["relevance"], arrays["age_s"], arrays["priority"], arrays["tokens"],
+                                  arrays["category"], arrays["exact_key"], arrays["simhash"], cat_budget, 20000,
+                                  w_recency=0.5, half_life_s=7 * 86400.0)
+
+    compiled_t = percentiles(time_calls(run(fastpath), 300 if args.quick else 2000))["p50_ms"]
+    reference_t = percentiles(time_calls(run(fastpath.reference), 10 if args.quick else 50, warmup=2))["p50_ms"]
+
+    # -- in process: the whole BuildContext including the protobuf response
+    def inproc():
+        return convert.build_response(app.builder.build(SCOPE, req), 0).SerializeToString()
+
+    inproc_stats = percentiles(time_calls(inproc, n))
+    resp = convert.build_response(app.builder.build(SCOPE, req), 0)
+    baseline_stats = percentiles(time_calls(naive_baseline(app, sid, synthetic, req.budget.total),
+                                            30 if args.quick else 200, warmup=3))
+    app.close()
+
+    # -- over gRPC against a sidecar subprocess
+    server = ServerProcess(command=[sys.executable, __file__, "--serve"])
+    try:
+        gsid = populate_grpc(server.stub)
+        greq = grpc_request(gsid)
+        grpc_stats = percentiles(time_calls(lambda: server.stub.BuildContext(greq), n))
+
+        def client(i: int):
+            stub = server.new_stub()
+            return lambda: stub.BuildContext(greq)
+
+        rps = throughput(client, 8, seconds)
+    finally:
+        server.stop()
+
+    quality = round(fastpath_bench.greedy_vs_optimum(fastpath, random.Random(3), 60 if args.quick else 200), 4)
+    figures = {
+        "candidates": candidates,
+        "selected_items": sum(len(s.items) for s in resp.sections),
+        "dropped_items": len(resp.dropped),
+        "fastpath_select_ms": compiled_t, "reference_select_ms": reference_t,
+        "fastpath_speedup": round(reference_t / compiled_t, 1),
+        "inproc_p50_ms": inproc_stats["p50_ms"], "inproc_p99_ms": inproc_stats["p99_ms"],
+        "grpc_p50_ms": grpc_stats["p50_ms"], "grpc_p99_ms": grpc_stats["p99_ms"],
+        "throughput_rps": rps, "baseline_p50_ms": baseline_stats["p50_ms"],
+        "baseline_vs_inproc": round(baseline_stats["p50_ms"] / inproc_stats["p50_ms"], 1),
+        "greedy_vs_optimum": quality,
+    }
+    print(f"{candidates} candidates; fastpath {compiled_t} ms vs reference {reference_t} ms; in-process p50 "
+          f"{figures['inproc_p50_ms']} ms; gRPC p50 {figures['grpc_p50_ms']} ms p99 {figures['grpc_p99_ms']} ms; "
+          f"{rps} calls/s with 8 threads; naive baseline p50 {figures['baseline_p50_ms']} ms")
+    emit(figures)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Bench the compiled fastpath against its plain-Python reference.
+
+    python bench/fastpath.py [--quick]
+
+Prints a short summary, then the figures as one JSON object on the last line. ``measure(quick)``
+returns the same dict for other harnesses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+_HERE = Path(__file__).resolve().parent
+_ROOT = _HERE.parent
+
+N_CANDIDATES = 700
+N_CATEGORIES = 6
+CAT_BUDGET = [1500, 3000, 2500, 2000, 1500, 1000]
+TOTAL_BUDGET = 8000
+EMBED_DIM = 256
+
+_WORDS = ("context window agent memory retrieval token budget summary tool call result user asked "
+          "the a of to and in is for with on that this error file path function returns value query "
+          "index vector store cache latency request response schema field update delete created").split()
+_HANZI = ("上下文窗口代理记忆检索令牌预算摘要工具调用结果"
+          "用户问题错误文件路径函数返回值查询索引向量存储缓存延迟请求响应")
+
+
+def _fastpath() -> tuple[ModuleType, ModuleType]:
+    if str(_ROOT) not in sys.path:
+        sys.path.insert(0, str(_ROOT))
+    fp = importlib.import_module("fastpath")
+    return fp, fp.reference
+
+
+def make_texts(rng: random.Random, n: int) -> list[str]:
+    """Short English / Chinese / mixed texts with some exact and near duplicates."""
+    texts: list[str] = []
+    for _ in range(n):
+        r = rng.random()
+        if texts and r < 0.08:
+            texts.append(rng.choice(texts).upper())  # exact duplicate after normalisation
+            continue
+        if texts and r < 0.15:
+            words = rng.choice(texts).split()
+            words[rng.randrange(len(words))] = rng.choice(_WORDS)  # near duplicate
+            texts.append(" ".join(words))
+            continue
+        kind = rng.random()
+        if kind < 0.6:
+            words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 30))]
+            texts.append(" ".join(words).capitalize() + rng.choice([".", "!", "?", ""]))
+        elif kind < 0.85:
+            texts.append("".join(rng.choice(_HANZI) for _ in range(rng.randint(4, 40))) + "。")
+        else:
+            texts.append(" ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 10))) + " "
+                         + "".join(rng.choice(_HANZI) for _ in range(rng.randint(2, 12))))
+    return texts
+
+
+def make_candidates(fp: ModuleType, rng: random.Random, n: int = N_CANDIDATES) -> dict[str, Any]:
+    texts = make_texts(rng, n)
+    exact, sim = fp.text_keys(texts)
+    return dict(
+        relevance=np.array([rng.betavariate(2, 5) for _ in range(n)]),
+        age_s=np.array([rng.expovariate(1 / 7200) for _ in range(n)]),
+        priority=np.array([rng.choice([0.0, 0.25, 0.5, 1.0]) for _ in range(n)]),
+        tokens=np.array([rng.randint(5, 400) for _ in range(n)], dtype=np.int32),
+        category=np.array([rng.randrange(N_CATEGORIES) for _ in range(n)], dtype=np.int32),
+        exact_key=exact,
+        simhash=sim,
+        cat_budget=np.array(CAT_BUDGET, dtype=np.int64),
+        total_budget=TOTAL_BUDGET,
+    )
+
+
+def median_us(fn: Callable[[], object], reps: int, inner: int = 1) -> float:
+    fn()  # warm-up
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        samples.append((time.perf_counter() - t0) / inner)
+    return statistics.median(samples) * 1e6
+
+
+def knapsack_optimum(values: list[float], weights: list[int], capacity: int) -> float:
+    best = np.zeros(capacity + 1)
+    for v, w in zip(values, weights, strict=True):
+        if w <= capacity:
+            best[w:] = np.maximum(best[w:], best[: capacity + 1 - w] + v)
+    return float(best[capacity])
+
+
+def greedy_vs_optimum(fp: ModuleType, rng: random.Random, instances: int = 200, n: int = 40) -> float:
+    """Mean greedy/optimum score ratio on single-category instances with a total budget."""
+    ratios = []
+    for _ in range(instances):
+        rel = [rng.random() for _ in range(n)]
+        tokens = [rng.randint(5, 400) for _ in range(n)]
+        budget = int(sum(tokens) * rng.uniform(0.2, 0.8))
+        zeros = np.zeros(n)
+        sel = fp.select(np.array(rel), zeros, zeros, np.array(tokens, dtype=np.int32), np.zeros(n, np.int32),
+                        np.zeros(n, np.uint64), np.zeros(n, np.uint64), np.array([budget]), budget,
+                        w_recency=0.0, w_priority=0.0)
+        got = sum(rel[i] for i in sel.selected_in_order.tolist())
+        best = knapsack_optimum(rel, tokens, budget)
+        ratios.append(got / best if best > 0 else 1.0)
+    return statistics.fmean(ratios)
+
+
+def measure(quick: bool) -> dict[str, Any]:
+    fp, ref = _fastpath()
+    rng = random.Random(20240611)
+    cand = make_candidates(fp, rng)
+    fast_sel, ref_sel = fp.select(**cand), ref.select(**cand)
+    agree = all(np.array_equal(a, b) for a, b in zip(fast_sel, ref_sel, strict=True))
+
+    fast_us = median_us(lambda: fp.select(**cand), reps=50 if quick else 300, inner=10)
+    ref_us = median_us(lambda: ref.select(**cand), reps=3 if quick else 15)
+
+    texts = make_texts(rng, N_CANDIDATES)
+    tk_fast = median_us(lambda: fp.text_keys(texts), reps=20 if quick else 100)
+    tk_ref = median_us(lambda: ref.text_keys(texts), reps=2 if quick else 7)
+    em_fast = median_us(lambda: fp.hash_embed(texts, EMBED_DIM), reps=20 if quick else 100)
+    em_ref = median_us(lambda: ref.hash_embed(texts, EMBED_DIM), reps=2 if quick else 5)
+    agree = agree and all(np.array_equal(a, b) for a, b in zip(fp.text_keys(texts), ref.text_keys(texts),
+                                                                 strict=True))
+    agree = agree and np.array_equal(fp.hash_embed(texts, EMBED_DIM).view(np.uint32),
+                                     ref.hash_embed(texts, EMBED_DIM).view(np.uint32))
+
+    return {
+        "n_candidates": N_CANDIDATES,
+        "selected": int(len(fast_sel.selected_in_order)),
+        "duplicates": int((fast_sel.status == fp.DUPLICATE).sum()),
+        "fastpath_select_us": round(fast_us, 2),
+        "reference_select_us": round(ref_us, 1),
+        "fastpath_speedup": round(ref_us / fast_us, 1),
+        "text_keys_fast_us": round(tk_fast, 1),
+        "text_keys_reference_us": round(tk_ref, 1),
+        "text_keys_speedup": round(tk_ref / tk_fast, 1),
+        "embed_fast_us": round(em_fast, 1),
+        "embed_reference_us": round(em_ref, 1),
+        "embed_speedup": round(em_ref / em_fast, 1),
+        "greedy_vs_optimum": round(greedy_vs_optimum(fp, rng), 4),
+        "agree": bool(agree),
+        "quick": quick,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (< 20 s)")
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    r = measure(args.quick)
+    print(f"select   ({r['n_candidates']} candidates, {r['selected']} selected, {r['duplicates']} dups): "
+          f"compiled {r['fastpath_select_us']:.1f} us, reference {r['reference_select_us']:.0f} us, "
+          f"x{r['fastpath_speedup']}")
+    print(f"text_keys: compiled {r['text_keys_fast_us']:.0f} us, "
+          f"reference {r['text_keys_reference_us']:.0f} us, "
+          f"x{r['text_keys_speedup']}")
+    print(f"hash_embed (dim {EMBED_DIM}): compiled {r['embed_fast_us']:.0f} us, "
+          f"reference {r['embed_reference_us']:.0f} us, x{r['embed_speedup']}")
+    print(f"greedy / optimum (200 x 40 items): {r['greedy_vs_optimum']:.3f}; "
+          f"compiled == reference: {r['agree']}; {time.perf_counter() - t0:.1f} s")
+    print(json.dumps(r))
+    return 0 if r["agree"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

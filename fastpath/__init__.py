@@ -1,0 +1,49 @@
+"""Compiled hot path of Context Sidecar (Cython), with its plain-Python twin in fastpath.reference.
+
+The compiled extension is mandatory: if it is missing the import fails loudly rather than silently
+falling back to the (100x slower) reference.
+"""
+
+from fastpath import reference
+
+try:
+    from fastpath._core import (
+        DUPLICATE,
+        LOW_SCORE,
+        OVER_BUDGET,
+        SELECTED,
+        dedup,
+        fnv1a64,
+        fuse_scores,
+        greedy_pack,
+        hash_embed,
+        ranking_order,
+        select,
+        text_keys,
+        tokenize,
+    )
+except ImportError as exc:  # pragma: no cover - exercised only on a broken install
+    raise ImportError(
+        "fastpath._core is not built; run `python setup.py build_ext --inplace` or `pip install -e .`"
+    ) from exc
+
+# One result type for both implementations, so isinstance checks and field access never differ.
+Selection = reference.Selection
+
+__all__ = [
+    "DUPLICATE",
+    "LOW_SCORE",
+    "OVER_BUDGET",
+    "SELECTED",
+    "Selection",
+    "dedup",
+    "fnv1a64",
+    "fuse_scores",
+    "greedy_pack",
+    "hash_embed",
+    "ranking_order",
+    "reference",
+    "select",
+    "text_keys",
+    "tokenize",
+]

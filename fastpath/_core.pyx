@@ -1,0 +1,950 @@
+"""Compiled hot path of Context Sidecar: fused scoring, ranking, dedup, budget packing, text keys.
+
+The semantics are specified by ``fastpath.reference`` (see its module docstring); every routine here
+must return exactly what its reference twin returns, floats bit for bit. The Python-level wrappers
+validate and convert inputs, then hand raw contiguous buffers to nogil kernels (declared in
+_core.pxd so other Cython modules can cimport them).
+"""
+
+from libc.math cimport exp, isnan, sqrt
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.string cimport memcpy, memset
+
+cimport numpy as cnp
+
+import math
+
+import numpy as np
+
+from fastpath.reference import Selection
+
+cnp.import_array()
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    /* Bit-identical floats with the reference need plain IEEE mul-then-add: forbid contraction into
+       FMA, which GCC otherwise does across statements on FMA-capable targets (aarch64, -march=...). */
+    #if defined(__clang__)
+    #pragma STDC FP_CONTRACT OFF
+    #elif defined(__GNUC__)
+    #pragma GCC optimize ("fp-contract=off")
+    #endif
+
+    #if defined(_MSC_VER)
+    #include <intrin.h>
+    #define FP_POPCOUNT(x) ((int)__popcnt64(x))
+    #else
+    #define FP_POPCOUNT(x) __builtin_popcountll(x)
+    #endif
+
+    /* First k with popcount(h ^ ks[k]) <= maxh, else -1. This scan is the O(n * kept) part of dedup. */
+    static Py_ssize_t fp_near_scan_generic(const uint64_t *ks, Py_ssize_t nk, uint64_t h, int maxh) {
+        for (Py_ssize_t k = 0; k < nk; k++) {
+            if (FP_POPCOUNT(h ^ ks[k]) <= maxh) return k;
+        }
+        return -1;
+    }
+
+    #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    /* The x86-64 baseline has no POPCNT instruction (the builtin becomes a libgcc call), so compile
+       a second copy for CPUs that have it and pick one at run time. */
+    __attribute__((target("popcnt")))
+    static Py_ssize_t fp_near_scan_hw(const uint64_t *ks, Py_ssize_t nk, uint64_t h, int maxh) {
+        for (Py_ssize_t k = 0; k < nk; k++) {
+            if (__builtin_popcountll(h ^ ks[k]) <= maxh) return k;
+        }
+        return -1;
+    }
+    static int fp_have_popcnt = -1;
+    static Py_ssize_t fp_near_scan(const uint64_t *ks, Py_ssize_t nk, uint64_t h, int maxh) {
+        if (fp_have_popcnt < 0) {
+            __builtin_cpu_init();
+            fp_have_popcnt = __builtin_cpu_supports("popcnt") ? 1 : 0;
+        }
+        return fp_have_popcnt ? fp_near_scan_hw(ks, nk, h, maxh) : fp_near_scan_generic(ks, nk, h, maxh);
+    }
+    #else
+    #define fp_near_scan fp_near_scan_generic
+    #endif
+    """
+    Py_ssize_t fp_near_scan(const uint64_t* ks, Py_ssize_t nk, uint64_t h, int maxh) nogil
+    int fp_popcount "FP_POPCOUNT"(uint64_t x) nogil
+
+cdef extern from "Python.h":
+    Py_UCS4* PyUnicode_AsUCS4(object u, Py_UCS4* buffer, Py_ssize_t buflen, int copy_null) except NULL
+    Py_ssize_t PyUnicode_GET_LENGTH(object u)
+    # A pure table lookup, safe without the GIL; it is exactly what str.isalnum() tests per character.
+    bint fp_isalnum "Py_UNICODE_ISALNUM"(uint32_t ch) nogil
+
+SELECTED = ST_SELECTED
+OVER_BUDGET = ST_OVER_BUDGET
+DUPLICATE = ST_DUPLICATE
+LOW_SCORE = ST_LOW_SCORE
+
+cdef double LN2 = 0.6931471805599453
+cdef uint64_t _FNV_OFFSET = 0xCBF29CE484222325ULL
+cdef uint64_t _FNV_PRIME = 0x100000001B3ULL
+cdef int64_t _INT64_MAX = 0x7FFFFFFFFFFFFFFFLL
+cdef Py_ssize_t _SORT_RUN = 24
+
+# --------------------------------------------------------------------------------------------------
+# Input validation
+# --------------------------------------------------------------------------------------------------
+
+cdef str _FLOAT_KINDS = "biuf"
+cdef str _INT_KINDS = "biu"
+
+
+cdef cnp.ndarray _arr(str name, object x, int typenum, object dtype, str kinds, Py_ssize_t n):
+    """x as a behaved contiguous 1-D array of dtype (typenum); ValueError naming `name` otherwise."""
+    cdef cnp.ndarray a = np.asarray(x)
+    if cnp.PyArray_NDIM(a) != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {np.shape(x)}")
+    if n >= 0 and cnp.PyArray_DIM(a, 0) != n:
+        raise ValueError(f"{name} must have length {n}, got {cnp.PyArray_DIM(a, 0)}")
+    # Fast path: already the right native type and contiguous (the service's normal case).
+    if (cnp.PyArray_TYPE(a) == typenum and cnp.PyArray_ISBEHAVED_RO(a)
+            and cnp.PyArray_IS_C_CONTIGUOUS(a)):
+        return a
+    if a.dtype.kind not in kinds and a.size:  # an empty list arrives as float64; let it through
+        raise ValueError(f"{name} has unsupported dtype {a.dtype}")
+    target = np.dtype(dtype)
+    if a.dtype != target and target.kind == "i" and a.size and not np.can_cast(a.dtype, target):
+        # Narrowing integer casts would wrap silently; refuse values that do not fit.
+        info = np.iinfo(target)
+        if a.min() < info.min or a.max() > info.max:
+            raise ValueError(f"{name} has values outside the range of {target}")
+    return np.ascontiguousarray(a, dtype=target)
+
+
+cdef int64_t _int64_clamped(str name, object x, int64_t lo) except? -2:
+    """Python integer clamped to [lo, INT64_MAX] (the reference saturates the same way)."""
+    try:
+        v = int(x.__index__())
+    except (AttributeError, TypeError):
+        raise ValueError(f"{name} must be an integer, got {x!r}") from None
+    if v < lo:
+        return lo
+    if v > _INT64_MAX:
+        return _INT64_MAX
+    return v
+
+
+cdef int _hamming_arg(object max_hamming) except -2:
+    # Anything >= 64 behaves like 64 and anything negative disables the near check.
+    cdef int64_t mh = _int64_clamped("max_hamming", max_hamming, -1)
+    return <int>(64 if mh > 64 else mh)
+
+
+cdef inline void* _ptr(cnp.ndarray a) noexcept nogil:
+    # Raw data pointers instead of typed memoryviews: select() touches ~15 arrays per call and
+    # acquiring a memoryview costs about a microsecond each, a sizeable share of the whole call.
+    return cnp.PyArray_DATA(a)
+
+
+cdef inline cnp.ndarray _empty(Py_ssize_t n, int typenum):
+    cdef cnp.npy_intp dims[1]
+    dims[0] = n
+    return <cnp.ndarray>cnp.PyArray_EMPTY(1, dims, typenum, 0)
+
+
+cdef int _check_permutation(Py_ssize_t n, const int64_t* order) except -1:
+    cdef uint8_t* seen = <uint8_t*>calloc(n + 1, 1)
+    cdef Py_ssize_t k
+    cdef int64_t i
+    cdef bint bad = False
+    if seen == NULL:
+        raise MemoryError()
+    with nogil:
+        for k in range(n):
+            i = order[k]
+            if i < 0 or i >= n or seen[i]:
+                bad = True
+                break
+            seen[i] = 1
+    free(seen)
+    if bad:
+        raise ValueError("order must be a permutation of range(n)")
+    return 0
+
+
+cdef int _check_tokens(Py_ssize_t n, const int32_t* tokens) except -1:
+    cdef Py_ssize_t i
+    cdef bint bad = False
+    with nogil:
+        for i in range(n):
+            if tokens[i] < 0:
+                bad = True
+                break
+    if bad:
+        raise ValueError("tokens must be >= 0")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Kernels (nogil, raw buffers; see _core.pxd)
+# --------------------------------------------------------------------------------------------------
+
+cdef void fuse_kernel(Py_ssize_t n, const double* rel, const double* age, const double* pri,
+                      double w_rel, double w_rec, double w_pri, double half_life,
+                      double* out) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef double a, r
+    for i in range(n):
+        a = age[i]
+        if a < 0.0:  # same as Python's max(a, 0.0), NaN included
+            a = 0.0
+        if half_life <= 0.0:
+            r = 1.0
+        else:
+            r = exp(-a * LN2 / half_life)
+        out[i] = (w_rel * rel[i] + w_rec * r) + w_pri * pri[i]
+
+
+cdef inline bint _before(ScoreIdx x, ScoreIdx y) noexcept nogil:
+    # Total order: score descending, then index ascending, so the result equals a stable sort.
+    return x.s > y.s or (x.s == y.s and x.i < y.i)
+
+
+cdef int order_kernel(Py_ssize_t n, const double* scores, int64_t* order, ScoreIdx* scratch) noexcept nogil:
+    cdef ScoreIdx* a = scratch
+    cdef ScoreIdx* b = scratch + n
+    cdef ScoreIdx* src
+    cdef ScoreIdx* dst
+    cdef ScoreIdx* tmp
+    cdef ScoreIdx x
+    cdef Py_ssize_t i, j, lo, mid, hi, p, q, k, width
+    for i in range(n):
+        if isnan(scores[i]):
+            return -1
+        a[i].s = scores[i]
+        a[i].i = i
+    # Bottom-up merge sort over insertion-sorted runs: pairs (score, index) sit together in memory.
+    lo = 0
+    while lo < n:
+        hi = lo + _SORT_RUN if lo + _SORT_RUN < n else n
+        for i in range(lo + 1, hi):
+            x = a[i]
+            j = i - 1
+            while j >= lo and _before(x, a[j]):
+                a[j + 1] = a[j]
+                j -= 1
+            a[j + 1] = x
+        lo = hi
+    src = a
+    dst = b
+    width = _SORT_RUN
+    while width < n:
+        lo = 0
+        while lo < n:
+            mid = lo + width if lo + width < n else n
+            hi = lo + 2 * width if lo + 2 * width < n else n
+            p = lo
+            q = mid
+            k = lo
+            while p < mid and q < hi:
+                if _before(src[q], src[p]):
+                    dst[k] = src[q]
+                    q += 1
+                else:
+                    dst[k] = src[p]
+                    p += 1
+                k += 1
+            while p < mid:
+                dst[k] = src[p]
+                p += 1
+                k += 1
+            while q < hi:
+                dst[k] = src[q]
+                q += 1
+                k += 1
+            lo = hi
+        tmp = src
+        src = dst
+        dst = tmp
+        width *= 2
+    for i in range(n):
+        order[i] = src[i].i
+    return 0
+
+
+cdef inline uint64_t _mix(uint64_t k) noexcept nogil:
+    return k * 0x9E3779B97F4A7C15ULL
+
+
+# Pigeonhole index for the near-duplicate check. If popcount(a ^ b) <= m then, of m + 1 disjoint bit
+# blocks, at least one is identical in a and b; so only kept hashes sharing some block with the
+# query need a popcount, instead of every kept hash. Used for 0 <= m <= _PIGEON_MAX_M; wider
+# thresholds mean narrow blocks and long chains, and the plain linear scan is better there.
+cdef enum:
+    _PIGEON_MAX_M = 7
+
+ctypedef struct NearIndex:
+    int nblk
+    int shift[_PIGEON_MAX_M + 1]
+    uint64_t mask[_PIGEON_MAX_M + 1]
+    Py_ssize_t n, cap, bits
+    uint64_t* keys  # [nblk * cap] block value per slot
+    int64_t* head  # [nblk * cap] first kept position with that block value, -1 = empty slot
+    int64_t* tail  # [nblk * cap] last one, for appending in kept order
+    int64_t* nxt  # [nblk * n] next kept position in the same chain, -1 = end
+
+
+cdef int _near_init(NearIndex* ni, Py_ssize_t n, int m) noexcept nogil:
+    cdef int b, off = 0, w
+    cdef Py_ssize_t q
+    ni.nblk = m + 1
+    for b in range(ni.nblk):
+        w = 64 // ni.nblk + (1 if b < 64 % ni.nblk else 0)
+        ni.shift[b] = off
+        ni.mask[b] = 0xFFFFFFFFFFFFFFFFULL if w == 64 else ((<uint64_t>1) << w) - 1
+        off += w
+    ni.n = n
+    ni.cap = 16
+    ni.bits = 4
+    while ni.cap < 2 * n:
+        ni.cap *= 2
+        ni.bits += 1
+    ni.keys = <uint64_t*>malloc(ni.nblk * ni.cap * sizeof(uint64_t))
+    ni.head = <int64_t*>malloc(ni.nblk * ni.cap * sizeof(int64_t))
+    ni.tail = <int64_t*>malloc(ni.nblk * ni.cap * sizeof(int64_t))
+    ni.nxt = <int64_t*>malloc((ni.nblk * n + 1) * sizeof(int64_t))
+    if ni.keys == NULL or ni.head == NULL or ni.tail == NULL or ni.nxt == NULL:
+        return -1
+    for q in range(ni.nblk * ni.cap):
+        ni.head[q] = -1
+    return 0
+
+
+cdef void _near_free(NearIndex* ni) noexcept nogil:
+    free(ni.keys)
+    free(ni.head)
+    free(ni.tail)
+    free(ni.nxt)
+
+
+cdef inline Py_ssize_t _near_slot(NearIndex* ni, int b, uint64_t v) noexcept nogil:
+    # Slot holding block value v of block b, or the empty slot where it would go.
+    cdef Py_ssize_t base = b * ni.cap
+    cdef Py_ssize_t slot = <Py_ssize_t>(_mix(v + <uint64_t>b) >> (64 - ni.bits))
+    while ni.head[base + slot] >= 0 and ni.keys[base + slot] != v:
+        slot = (slot + 1) & (ni.cap - 1)
+    return base + slot
+
+
+cdef Py_ssize_t _near_find(NearIndex* ni, const uint64_t* ksim, uint64_t h, int m) noexcept nogil:
+    """Smallest kept position kp with popcount(h ^ ksim[kp]) <= m, or -1."""
+    cdef Py_ssize_t best = -1
+    cdef int64_t kp
+    cdef int b
+    for b in range(ni.nblk):
+        kp = ni.head[_near_slot(ni, b, (h >> ni.shift[b]) & ni.mask[b])]
+        # Chains are in kept order, so the first hit of a chain is that chain's best.
+        while kp >= 0 and (best < 0 or kp < best):
+            if fp_popcount(h ^ ksim[kp]) <= m:
+                best = kp
+                break
+            kp = ni.nxt[b * ni.n + kp]
+    return best
+
+
+cdef void _near_add(NearIndex* ni, uint64_t h, int64_t kp) noexcept nogil:
+    cdef int b
+    cdef Py_ssize_t slot
+    cdef uint64_t v
+    for b in range(ni.nblk):
+        v = (h >> ni.shift[b]) & ni.mask[b]
+        slot = _near_slot(ni, b, v)
+        ni.nxt[b * ni.n + kp] = -1
+        if ni.head[slot] < 0:
+            ni.keys[slot] = v
+            ni.head[slot] = kp
+        else:
+            ni.nxt[b * ni.n + ni.tail[slot]] = kp
+        ni.tail[slot] = kp
+
+
+cdef int dedup_kernel(Py_ssize_t n, const int64_t* order, const uint64_t* exact, const uint64_t* simh,
+                      const uint8_t* eligible, int max_hamming, int64_t* dup_of) noexcept nogil:
+    cdef Py_ssize_t cap = 16, bits = 4, p, slot = 0, nk = 0, found
+    cdef int64_t i, j
+    cdef uint64_t k, h
+    cdef bint pigeon = 0 <= max_hamming <= _PIGEON_MAX_M
+    cdef NearIndex ni
+    memset(&ni, 0, sizeof(ni))
+    while cap < 2 * n:
+        cap *= 2
+        bits += 1
+    # Open-addressing table of kept exact keys (kept keys are distinct and non-zero; 0 marks empty).
+    cdef uint64_t* tkeys = <uint64_t*>calloc(cap, sizeof(uint64_t))
+    cdef int64_t* tvals = <int64_t*>malloc(cap * sizeof(int64_t))
+    # Simhashes of kept items, contiguous and in kept order (kept position kp -> item kidx[kp]).
+    cdef uint64_t* ksim = <uint64_t*>malloc((n + 1) * sizeof(uint64_t))
+    cdef int64_t* kidx = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+    cdef int rc = 0
+    if tkeys == NULL or tvals == NULL or ksim == NULL or kidx == NULL:
+        rc = -1
+    elif pigeon and _near_init(&ni, n, max_hamming) != 0:
+        rc = -1
+    if rc == 0:
+        for p in range(n):
+            dup_of[p] = -1
+        for p in range(n):
+            i = order[p]
+            if not eligible[i]:
+                continue
+            k = exact[i]
+            if k != 0:
+                slot = <Py_ssize_t>(_mix(k) >> (64 - bits))
+                j = -1
+                while tkeys[slot] != 0:
+                    if tkeys[slot] == k:
+                        j = tvals[slot]
+                        break
+                    slot = (slot + 1) & (cap - 1)
+                if j >= 0:
+                    dup_of[i] = j
+                    continue
+            h = simh[i]
+            if max_hamming >= 0 and h != 0:
+                if pigeon:
+                    found = _near_find(&ni, ksim, h, max_hamming)
+                else:
+                    found = fp_near_scan(ksim, nk, h, max_hamming)
+                if found >= 0:
+                    dup_of[i] = kidx[found]
+                    continue
+            if k != 0:
+                tkeys[slot] = k  # slot is the empty slot where the probe above stopped
+                tvals[slot] = i
+            if h != 0:
+                ksim[nk] = h
+                kidx[nk] = i
+                if pigeon:
+                    _near_add(&ni, h, nk)
+                nk += 1
+    _near_free(&ni)
+    free(tkeys)
+    free(tvals)
+    free(ksim)
+    free(kidx)
+    return rc
+
+
+cdef int pack_kernel(Py_ssize_t n, Py_ssize_t ncat, const int64_t* order, const int32_t* tokens,
+                     const int32_t* category, const uint8_t* eligible, const int64_t* cat_budget,
+                     int64_t total_budget, bint flow_unused, uint8_t* selected, int64_t* used,
+                     int64_t* effective, int64_t* flowed) noexcept nogil:
+    cdef Py_ssize_t p, c, b
+    cdef int64_t i, t, budget, u, carry = 0, own
+    cdef int64_t remaining = total_budget if total_budget > 0 else 0
+    # Counting sort of the ranking into per-category buckets: O(n + ncat) instead of O(n * ncat).
+    cdef Py_ssize_t* start = <Py_ssize_t*>calloc(ncat + 2, sizeof(Py_ssize_t))
+    cdef int64_t* bucket = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+    if start == NULL or bucket == NULL:
+        free(start)
+        free(bucket)
+        return -1
+    for p in range(n):
+        selected[p] = 0
+    for p in range(n):
+        i = order[p]
+        c = category[i]
+        if eligible[i] and 0 <= c < ncat:
+            start[c + 2] += 1
+    for c in range(ncat):
+        start[c + 2] += start[c + 1]
+    for p in range(n):
+        i = order[p]
+        c = category[i]
+        if eligible[i] and 0 <= c < ncat:
+            bucket[start[c + 1]] = i
+            start[c + 1] += 1
+    # Now bucket[start[c] : start[c + 1]] holds category c's items in ranking order.
+    for c in range(ncat):
+        own = cat_budget[c] if cat_budget[c] > 0 else 0
+        budget = _INT64_MAX if carry > _INT64_MAX - own else own + carry
+        flowed[c] = carry
+        effective[c] = budget
+        u = 0
+        for b in range(start[c], start[c + 1]):
+            i = bucket[b]
+            t = tokens[i]
+            # Skip what does not fit and keep going: smaller items further down may still fit.
+            if t <= budget - u and t <= remaining:
+                selected[i] = 1
+                u += t
+                remaining -= t
+        used[c] = u
+        carry = budget - u if flow_unused else 0
+    free(start)
+    free(bucket)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Ranking and packing: public API
+# --------------------------------------------------------------------------------------------------
+
+def fuse_scores(relevance, age_s, priority, double w_relevance, double w_recency, double w_priority,
+                double half_life_s):
+    """Fused score per item; float64[n]. See fastpath.reference.fuse_scores."""
+    cdef cnp.ndarray rel = _arr("relevance", relevance, cnp.NPY_FLOAT64, np.float64, _FLOAT_KINDS, -1)
+    cdef Py_ssize_t n = cnp.PyArray_DIM(rel, 0)
+    cdef cnp.ndarray age = _arr("age_s", age_s, cnp.NPY_FLOAT64, np.float64, _FLOAT_KINDS, n)
+    cdef cnp.ndarray pri = _arr("priority", priority, cnp.NPY_FLOAT64, np.float64, _FLOAT_KINDS, n)
+    cdef cnp.ndarray out = _empty(n, cnp.NPY_FLOAT64)
+    with nogil:
+        fuse_kernel(n, <double*>_ptr(rel), <double*>_ptr(age), <double*>_ptr(pri), w_relevance,
+                    w_recency, w_priority, half_life_s, <double*>_ptr(out))
+    return out
+
+
+def ranking_order(scores):
+    """Indices by score descending, ties by index ascending; int64[n]. NaN scores are rejected."""
+    cdef cnp.ndarray s = _arr("scores", scores, cnp.NPY_FLOAT64, np.float64, _FLOAT_KINDS, -1)
+    cdef Py_ssize_t n = cnp.PyArray_DIM(s, 0)
+    cdef cnp.ndarray out = _empty(n, cnp.NPY_INT64)
+    cdef ScoreIdx* scratch = <ScoreIdx*>malloc((2 * n + 1) * sizeof(ScoreIdx))
+    cdef int rc
+    if scratch == NULL:
+        raise MemoryError()
+    with nogil:
+        rc = order_kernel(n, <double*>_ptr(s), <int64_t*>_ptr(out), scratch)
+    free(scratch)
+    if rc != 0:
+        raise ValueError("scores must not contain NaN")
+    return out
+
+
+def dedup(order, exact_key, simhash, eligible, max_hamming):
+    """dup_of[i] = kept item that i duplicates, else -1; int64[n]. See fastpath.reference.dedup."""
+    cdef cnp.ndarray o = _arr("order", order, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    cdef Py_ssize_t n = cnp.PyArray_DIM(o, 0)
+    cdef cnp.ndarray ex = _arr("exact_key", exact_key, cnp.NPY_UINT64, np.uint64, _INT_KINDS, n)
+    cdef cnp.ndarray sh = _arr("simhash", simhash, cnp.NPY_UINT64, np.uint64, _INT_KINDS, n)
+    cdef cnp.ndarray el = _arr("eligible", eligible, cnp.NPY_UINT8, np.uint8, _INT_KINDS, n)
+    cdef int mh = _hamming_arg(max_hamming)
+    cdef cnp.ndarray out = _empty(n, cnp.NPY_INT64)
+    cdef int rc
+    _check_permutation(n, <int64_t*>_ptr(o))
+    with nogil:
+        rc = dedup_kernel(n, <int64_t*>_ptr(o), <uint64_t*>_ptr(ex), <uint64_t*>_ptr(sh),
+                          <uint8_t*>_ptr(el), mh, <int64_t*>_ptr(out))
+    if rc != 0:
+        raise MemoryError()
+    return out
+
+
+def greedy_pack(order, tokens, category, eligible, cat_budget, total_budget, bint flow_unused):
+    """(selected uint8[n], used, effective_budget, flowed_in int64[ncat]); see the reference."""
+    cdef cnp.ndarray o = _arr("order", order, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    cdef Py_ssize_t n = cnp.PyArray_DIM(o, 0)
+    cdef cnp.ndarray tok = _arr("tokens", tokens, cnp.NPY_INT32, np.int32, _INT_KINDS, n)
+    cdef cnp.ndarray cat = _arr("category", category, cnp.NPY_INT32, np.int32, _INT_KINDS, n)
+    cdef cnp.ndarray el = _arr("eligible", eligible, cnp.NPY_UINT8, np.uint8, _INT_KINDS, n)
+    cdef cnp.ndarray cb = _arr("cat_budget", cat_budget, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    cdef int64_t total = _int64_clamped("total_budget", total_budget, 0)
+    cdef Py_ssize_t ncat = cnp.PyArray_DIM(cb, 0)
+    _check_permutation(n, <int64_t*>_ptr(o))
+    _check_tokens(n, <int32_t*>_ptr(tok))
+    cdef cnp.ndarray sel = _empty(n, cnp.NPY_UINT8)
+    cdef cnp.ndarray used = _empty(ncat, cnp.NPY_INT64)
+    cdef cnp.ndarray eff = _empty(ncat, cnp.NPY_INT64)
+    cdef cnp.ndarray flowed = _empty(ncat, cnp.NPY_INT64)
+    cdef int rc
+    with nogil:
+        rc = pack_kernel(n, ncat, <int64_t*>_ptr(o), <int32_t*>_ptr(tok), <int32_t*>_ptr(cat),
+                         <uint8_t*>_ptr(el), <int64_t*>_ptr(cb), total, flow_unused,
+                         <uint8_t*>_ptr(sel), <int64_t*>_ptr(used), <int64_t*>_ptr(eff),
+                         <int64_t*>_ptr(flowed))
+    if rc != 0:
+        raise MemoryError()
+    return sel, used, eff, flowed
+
+
+def select(relevance, age_s, priority, tokens, category, exact_key, simhash, cat_budget, total_budget,
+           *, double w_relevance=1.0, double w_recency=1.0, double w_priority=1.0,
+           double half_life_s=3600.0, max_hamming=3, double min_score=-math.inf, bint flow_unused=True):
+    """Score, rank, dedup and pack candidates in one call; returns a Selection."""
+    cdef cnp.ndarray rel = _arr("relevance", relevance, cnp.NPY_FLOAT64, np.float64, _FLOAT_KINDS, -1)
+    cdef Py_ssize_t n = cnp.PyArray_DIM(rel, 0)
+    cdef cnp.ndarray age = _arr("age_s", age_s, cnp.NPY_FLOAT64, np.float64, _FLOAT_KINDS, n)
+    cdef cnp.ndarray pri = _arr("priority", priority, cnp.NPY_FLOAT64, np.float64, _FLOAT_KINDS, n)
+    cdef cnp.ndarray tok = _arr("tokens", tokens, cnp.NPY_INT32, np.int32, _INT_KINDS, n)
+    cdef cnp.ndarray cat = _arr("category", category, cnp.NPY_INT32, np.int32, _INT_KINDS, n)
+    cdef cnp.ndarray ex = _arr("exact_key", exact_key, cnp.NPY_UINT64, np.uint64, _INT_KINDS, n)
+    cdef cnp.ndarray sh = _arr("simhash", simhash, cnp.NPY_UINT64, np.uint64, _INT_KINDS, n)
+    cdef cnp.ndarray cb = _arr("cat_budget", cat_budget, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    cdef int64_t total = _int64_clamped("total_budget", total_budget, 0)
+    cdef int mh = _hamming_arg(max_hamming)
+    cdef Py_ssize_t ncat = cnp.PyArray_DIM(cb, 0)
+    _check_tokens(n, <int32_t*>_ptr(tok))
+
+    cdef cnp.ndarray scores = _empty(n, cnp.NPY_FLOAT64)
+    cdef cnp.ndarray order = _empty(n, cnp.NPY_INT64)
+    cdef cnp.ndarray status = _empty(n, cnp.NPY_INT8)
+    cdef cnp.ndarray dup_of = _empty(n, cnp.NPY_INT64)
+    cdef cnp.ndarray used = _empty(ncat, cnp.NPY_INT64)
+    cdef cnp.ndarray eff = _empty(ncat, cnp.NPY_INT64)
+    cdef cnp.ndarray flowed = _empty(ncat, cnp.NPY_INT64)
+    cdef double* sc = <double*>_ptr(scores)
+    cdef int64_t* od = <int64_t*>_ptr(order)
+    cdef int8_t* st = <int8_t*>_ptr(status)
+    cdef int64_t* dp = <int64_t*>_ptr(dup_of)
+
+    # One scratch block: sort pairs, two eligibility masks, the packed flags, the selected list.
+    cdef size_t nbytes = (2 * n + 1) * sizeof(ScoreIdx) + (n + 1) * sizeof(int64_t) + 3 * (n + 1)
+    cdef char* block = <char*>malloc(nbytes)
+    if block == NULL:
+        raise MemoryError()
+    cdef ScoreIdx* pairs = <ScoreIdx*>block
+    cdef int64_t* chosen = <int64_t*>(block + (2 * n + 1) * sizeof(ScoreIdx))
+    cdef uint8_t* dedup_ok = <uint8_t*>(chosen + n + 1)
+    cdef uint8_t* pack_ok = dedup_ok + n + 1
+    cdef uint8_t* packed = pack_ok + n + 1
+    cdef Py_ssize_t i, p, k = 0
+    cdef int rc = 0
+    with nogil:
+        fuse_kernel(n, <double*>_ptr(rel), <double*>_ptr(age), <double*>_ptr(pri), w_relevance,
+                    w_recency, w_priority, half_life_s, sc)
+        if order_kernel(n, sc, od, pairs) != 0:
+            rc = 1
+        else:
+            for i in range(n):
+                if sc[i] < min_score:
+                    st[i] = ST_LOW_SCORE
+                    dedup_ok[i] = 0
+                else:
+                    st[i] = ST_OVER_BUDGET
+                    dedup_ok[i] = 1
+            if dedup_kernel(n, od, <uint64_t*>_ptr(ex), <uint64_t*>_ptr(sh), dedup_ok, mh, dp) != 0:
+                rc = 2
+            else:
+                for i in range(n):
+                    pack_ok[i] = dedup_ok[i] and dp[i] < 0
+                    if dedup_ok[i] and dp[i] >= 0:
+                        st[i] = ST_DUPLICATE
+                if pack_kernel(n, ncat, od, <int32_t*>_ptr(tok), <int32_t*>_ptr(cat), pack_ok,
+                               <int64_t*>_ptr(cb), total, flow_unused, packed, <int64_t*>_ptr(used),
+                               <int64_t*>_ptr(eff), <int64_t*>_ptr(flowed)) != 0:
+                    rc = 2
+                else:
+                    for p in range(n):
+                        i = od[p]
+                        if packed[i]:
+                            st[i] = ST_SELECTED
+                            chosen[k] = i
+                            k += 1
+    if rc != 0:
+        free(block)
+        if rc == 1:
+            raise ValueError("scores must not contain NaN (check relevance, age_s, priority, weights)")
+        raise MemoryError()
+    cdef cnp.ndarray sel = _empty(k, cnp.NPY_INT64)
+    if k:
+        memcpy(_ptr(sel), chosen, k * sizeof(int64_t))
+    free(block)
+    return Selection(scores, order, status, dup_of, used, eff, flowed, sel)
+
+
+# --------------------------------------------------------------------------------------------------
+# Text keys
+# --------------------------------------------------------------------------------------------------
+
+ctypedef struct TextBuf:
+    uint32_t* cps  # lowered text as code points (Py_UCS4; plain ints avoid Cython's char semantics)
+    Py_ssize_t* starts  # token t spans cps[starts[t]:ends[t]]
+    Py_ssize_t* ends
+    Py_ssize_t cap
+
+
+cdef int _ensure(TextBuf* tb, Py_ssize_t need) except -1:
+    cdef Py_ssize_t cap = tb.cap if tb.cap else 64
+    cdef void* p
+    if need <= tb.cap:
+        return 0
+    while cap < need:
+        cap *= 2
+    p = realloc(tb.cps, cap * sizeof(uint32_t))
+    if p == NULL:
+        raise MemoryError()
+    tb.cps = <uint32_t*>p
+    p = realloc(tb.starts, cap * sizeof(Py_ssize_t))
+    if p == NULL:
+        raise MemoryError()
+    tb.starts = <Py_ssize_t*>p
+    p = realloc(tb.ends, cap * sizeof(Py_ssize_t))
+    if p == NULL:
+        raise MemoryError()
+    tb.ends = <Py_ssize_t*>p
+    tb.cap = cap
+    return 0
+
+
+cdef void _release(TextBuf* tb) noexcept:
+    free(tb.cps)
+    free(tb.starts)
+    free(tb.ends)
+    tb.cps = NULL
+    tb.starts = NULL
+    tb.ends = NULL
+    tb.cap = 0
+
+
+cdef inline bint _is_cjk(uint32_t c) noexcept nogil:
+    return ((0x3040 <= c <= 0x30FF) or (0x3400 <= c <= 0x4DBF) or (0x4E00 <= c <= 0x9FFF)
+            or (0xF900 <= c <= 0xFAFF) or (0x20000 <= c <= 0x2FFFF))
+
+
+cdef inline bint _is_word(uint32_t c) noexcept nogil:
+    if c < 128:  # ASCII fast path; identical to str.isalnum() there
+        return (c - 97 < 26) or (c - 65 < 26) or (c - 48 < 10) or c == 95
+    return fp_isalnum(c)
+
+
+cdef Py_ssize_t _tokenize(const uint32_t* cps, Py_ssize_t n, Py_ssize_t* starts,
+                          Py_ssize_t* ends) noexcept nogil:
+    cdef Py_ssize_t i, nt = 0
+    cdef bint in_word = False
+    cdef uint32_t c
+    for i in range(n):
+        c = cps[i]
+        if _is_cjk(c):
+            if in_word:
+                ends[nt] = i
+                nt += 1
+                in_word = False
+            starts[nt] = i
+            ends[nt] = i + 1
+            nt += 1
+        elif _is_word(c):
+            if not in_word:
+                starts[nt] = i
+                in_word = True
+        elif in_word:
+            ends[nt] = i
+            nt += 1
+            in_word = False
+    if in_word:
+        ends[nt] = n
+        nt += 1
+    return nt
+
+
+cdef list _text_list(object texts):
+    if isinstance(texts, str):
+        raise TypeError("texts must be a sequence of str, not a single str")
+    return texts if type(texts) is list else list(texts)
+
+
+cdef Py_ssize_t _prepare(object text, Py_ssize_t k, TextBuf* tb) except -1:
+    """Lowercase `text` (Python's own str.lower, for exact Unicode semantics), tokenize into tb."""
+    if not isinstance(text, str):
+        raise TypeError(f"texts[{k}] must be str, got {type(text).__name__}")
+    low = text.lower()
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(low)
+    _ensure(tb, n + 1)
+    if n:
+        PyUnicode_AsUCS4(low, <Py_UCS4*>tb.cps, tb.cap, 0)
+    return _tokenize(tb.cps, n, tb.starts, tb.ends)
+
+
+cdef inline uint64_t _fb(uint64_t h, uint64_t byte) noexcept nogil:
+    return (h ^ byte) * _FNV_PRIME
+
+
+cdef inline uint64_t _fcp(uint64_t h, uint32_t c) noexcept nogil:
+    # FNV-1a continued over the UTF-8 encoding of one code point (tokens never hold surrogates).
+    if c < 0x80:
+        return _fb(h, c)
+    if c < 0x800:
+        h = _fb(h, 0xC0 | (c >> 6))
+        return _fb(h, 0x80 | (c & 0x3F))
+    if c < 0x10000:
+        h = _fb(h, 0xE0 | (c >> 12))
+        h = _fb(h, 0x80 | ((c >> 6) & 0x3F))
+        return _fb(h, 0x80 | (c & 0x3F))
+    h = _fb(h, 0xF0 | (c >> 18))
+    h = _fb(h, 0x80 | ((c >> 12) & 0x3F))
+    h = _fb(h, 0x80 | ((c >> 6) & 0x3F))
+    return _fb(h, 0x80 | (c & 0x3F))
+
+
+cdef inline uint64_t _fspan(uint64_t h, const uint32_t* cps, Py_ssize_t s, Py_ssize_t e) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(s, e):
+        h = _fcp(h, cps[i])
+    return h
+
+
+cdef uint64_t fnv_bytes(uint64_t h, const unsigned char* data, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        h = _fb(h, data[i])
+    return h
+
+
+# _BIT_VOTES[x][k] = +1 if bit k of byte x is set else -1: SimHash votes a byte at a time, which the
+# compiler turns into vector adds (a per-bit shift loop does not vectorise on baseline x86-64).
+cdef int32_t _BIT_VOTES[256][8]
+
+
+cdef void _init_bit_votes() noexcept:
+    cdef int x, k
+    for x in range(256):
+        for k in range(8):
+            _BIT_VOTES[x][k] = 1 if (x >> k) & 1 else -1
+
+
+_init_bit_votes()
+
+
+cdef inline void _sim_add(int32_t* v, uint64_t h) noexcept nogil:
+    cdef int j, k
+    cdef const int32_t* row
+    for j in range(8):
+        row = _BIT_VOTES[(h >> (8 * j)) & 0xFF]
+        for k in range(8):
+            v[8 * j + k] += row[k]
+
+
+cdef void _keys_one(const uint32_t* cps, const Py_ssize_t* st, const Py_ssize_t* en, Py_ssize_t nt,
+                    uint64_t* exact, uint64_t* sim) noexcept nogil:
+    cdef Py_ssize_t t
+    cdef uint64_t h, prev, cur, out = 0
+    cdef int32_t v[64]
+    cdef int b
+    if nt == 0:
+        exact[0] = 0
+        sim[0] = 0
+        return
+    h = _FNV_OFFSET
+    for t in range(nt):
+        if t:
+            h = _fb(h, 32)
+        h = _fspan(h, cps, st[t], en[t])
+    exact[0] = h if h != 0 else 1
+    memset(v, 0, sizeof(v))
+    prev = _fspan(_FNV_OFFSET, cps, st[0], en[0])
+    if nt == 1:
+        _sim_add(v, prev)
+    for t in range(1, nt):
+        # "a b" = FNV continued from hash("a") over " b"; hash("b") alone seeds the next bigram.
+        _sim_add(v, _fspan(_fb(prev, 32), cps, st[t], en[t]))
+        prev = _fspan(_FNV_OFFSET, cps, st[t], en[t])
+    for b in range(64):
+        if v[b] > 0:
+            out |= (<uint64_t>1) << b
+    sim[0] = out if out != 0 else 1
+
+
+cdef inline void _acc(double* vec, uint64_t dim, uint64_t h, double weight) noexcept nogil:
+    cdef double sign = 1.0 if (h >> 63) == 0 else -1.0
+    vec[h % dim] += sign * weight
+
+
+cdef uint64_t _HW = fnv_bytes(_FNV_OFFSET, <const unsigned char*>b"w:", 2)
+cdef uint64_t _HB = fnv_bytes(_FNV_OFFSET, <const unsigned char*>b"b:", 2)
+cdef uint64_t _HC = fnv_bytes(_FNV_OFFSET, <const unsigned char*>b"c:", 2)
+
+
+cdef void _embed_one(const uint32_t* cps, const Py_ssize_t* st, const Py_ssize_t* en, Py_ssize_t nt,
+                     double* vec, Py_ssize_t dim, float* out) noexcept nogil:
+    cdef Py_ssize_t t, s, e, i
+    cdef uint64_t h, d = <uint64_t>dim
+    cdef double ss = 0.0, norm
+    memset(vec, 0, dim * sizeof(double))
+    for t in range(nt):
+        s = st[t]
+        e = en[t]
+        _acc(vec, d, _fspan(_HW, cps, s, e), 1.0)
+        if t > 0:
+            h = _fspan(_fb(_fspan(_HB, cps, st[t - 1], en[t - 1]), 32), cps, s, e)
+            _acc(vec, d, h, 0.5)
+        if e - s >= 4:
+            # Trigrams of "<" + tok + ">": the leading "<ab", the inner ones, the trailing "yz>".
+            _acc(vec, d, _fcp(_fcp(_fb(_HC, 60), cps[s]), cps[s + 1]), 0.3)
+            for i in range(s, e - 2):
+                _acc(vec, d, _fcp(_fcp(_fcp(_HC, cps[i]), cps[i + 1]), cps[i + 2]), 0.3)
+            _acc(vec, d, _fb(_fcp(_fcp(_HC, cps[e - 2]), cps[e - 1]), 62), 0.3)
+    # Sum of squares in index order (the compiler may not reassociate it) to match the reference.
+    for i in range(dim):
+        ss += vec[i] * vec[i]
+    if ss > 0.0:
+        norm = sqrt(ss)
+        for i in range(dim):
+            out[i] = <float>(vec[i] / norm)
+    else:
+        memset(out, 0, dim * sizeof(float))
+
+
+def tokenize(text):
+    """Tokens of `text` (rules in the fastpath.reference docstring); list[str]."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    cdef TextBuf tb
+    memset(&tb, 0, sizeof(tb))
+    cdef Py_ssize_t nt, t
+    try:
+        nt = _prepare(text, 0, &tb)
+        low = text.lower()
+        return [low[tb.starts[t]:tb.ends[t]] for t in range(nt)]
+    finally:
+        _release(&tb)
+
+
+def fnv1a64(data):
+    """FNV-1a 64-bit hash of a bytes-like object."""
+    cdef const unsigned char[::1] mv = memoryview(data).cast("B")
+    if mv.shape[0] == 0:
+        return _FNV_OFFSET
+    return fnv_bytes(_FNV_OFFSET, &mv[0], mv.shape[0])
+
+
+def text_keys(texts):
+    """(exact key uint64[n], simhash uint64[n]) per text; see fastpath.reference.text_keys."""
+    cdef list items = _text_list(texts)
+    cdef Py_ssize_t n = len(items), k, nt
+    cdef cnp.ndarray exact = _empty(n, cnp.NPY_UINT64)
+    cdef cnp.ndarray sim = _empty(n, cnp.NPY_UINT64)
+    cdef uint64_t* ex = <uint64_t*>_ptr(exact)
+    cdef uint64_t* sh = <uint64_t*>_ptr(sim)
+    cdef TextBuf tb
+    memset(&tb, 0, sizeof(tb))
+    try:
+        for k in range(n):
+            nt = _prepare(items[k], k, &tb)
+            _keys_one(tb.cps, tb.starts, tb.ends, nt, ex + k, sh + k)
+    finally:
+        _release(&tb)
+    return exact, sim
+
+
+def hash_embed(texts, dim):
+    """Model-free hashed bag-of-features embedding, L2-normalised; float32[n, dim]."""
+    cdef int64_t d = _int64_clamped("dim", dim, -1)
+    if d < 1:
+        raise ValueError(f"dim must be >= 1, got {dim}")
+    cdef list items = _text_list(texts)
+    cdef Py_ssize_t n = len(items), k, nt
+    cdef cnp.npy_intp dims[2]
+    dims[0] = n
+    dims[1] = d
+    cdef cnp.ndarray out = <cnp.ndarray>cnp.PyArray_EMPTY(2, dims, cnp.NPY_FLOAT32, 0)
+    cdef float* op = <float*>_ptr(out)
+    cdef double* vec = <double*>malloc(d * sizeof(double))
+    if vec == NULL:
+        raise MemoryError()
+    cdef TextBuf tb
+    memset(&tb, 0, sizeof(tb))
+    try:
+        for k in range(n):
+            nt = _prepare(items[k], k, &tb)
+            _embed_one(tb.cps, tb.starts, tb.ends, nt, vec, d, op + k * d)
+    finally:
+        _release(&tb)
+        free(vec)
+    return out

@@ -1,0 +1,403 @@
+"""Plain-Python reference implementation of the fastpath routines: the readable spec.
+
+Every routine here has a compiled twin in ``fastpath._core`` that must return identical results
+(bit-identical floats). The algorithms below use lists, loops and the ``math`` module only; numpy is
+used solely to validate inputs and to package outputs, never for the computation itself.
+
+Ranking and packing
+-------------------
+* ``fuse_scores``: ``score = (w_relevance*rel + w_recency*r) + w_priority*pri`` with
+  ``r = exp(-max(age, 0.0) * LN2 / half_life_s)``, or ``r = 1.0`` when ``half_life_s <= 0``.
+* ``ranking_order``: indices by score descending, ties by index ascending (stable sort of -score).
+* ``dedup``: walk the ranking; an eligible item is an exact duplicate of the first kept item with the
+  same non-zero exact key, else a near duplicate of the first kept item whose non-zero simhash is
+  within ``max_hamming`` bits of its own non-zero simhash, else it is kept.
+* ``greedy_pack``: categories are packed in id order (0 first); each takes, in ranking order, every
+  eligible item of its category that fits both its budget (own budget plus the unused carry of the
+  previous category when ``flow_unused``) and what is left of the total budget.
+* ``select``: the four steps above, with per-item statuses.
+
+Eligibility flags (``eligible`` arguments) are truthy: any non-zero value means eligible.
+
+Text keys
+---------
+Tokenization: the text is lowercased with ``str.lower()``; then each character is, in this order of
+tests:
+
+* a CJK single token if its code point is in U+3040-U+30FF (kana), U+3400-U+4DBF, U+4E00-U+9FFF,
+  U+F900-U+FAFF or U+20000-U+2FFFF (CJK ideographs);
+* a word character if ``ch.isalnum() or ch == "_"``; consecutive word characters form one token;
+* a separator otherwise.
+
+So ``"Hello, World_1 中文"`` gives ``["hello", "world_1", "中", "文"]`` and ``"ab中cd"`` gives
+``["ab", "中", "cd"]``.
+
+Hash: FNV-1a 64-bit over the UTF-8 bytes of a feature string (offset 0xcbf29ce484222325,
+prime 0x100000001b3, arithmetic mod 2**64).
+
+* ``exact`` key: hash of the tokens joined by single spaces; no tokens gives 0, and a hash that
+  happens to be 0 becomes 1 (0 means "no key").
+* ``simhash``: features are the token bigrams ``"a b"`` when there are >= 2 tokens, else the single
+  token; 64-bit SimHash of the feature hashes (bit b set iff more features have it set than not);
+  no tokens gives 0, a result of 0 from real features becomes 1.
+* ``hash_embed``: per token position t, in this order: ``"w:"+tok`` (weight 1.0), then
+  ``"b:"+prev+" "+tok`` if t > 0 (0.5), then, for tokens of >= 4 characters (always word tokens,
+  CJK tokens are single characters), each character trigram of ``"<"+tok+">"`` as ``"c:"+tri`` (0.3).
+  Feature hash h adds ``sign*weight`` to ``vec[h % dim]`` (sign -1 iff bit 63 of h is set),
+  accumulated in float64; the vector is divided by the square root of its sum of squares (summed in
+  index order) and cast to float32; an all-zero vector stays zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+SELECTED = 0
+OVER_BUDGET = 1
+DUPLICATE = 2
+LOW_SCORE = 3
+
+LN2 = 0.6931471805599453
+FNV_OFFSET = 0xCBF29CE484222325
+FNV_PRIME = 0x100000001B3
+MASK64 = (1 << 64) - 1
+# Budgets are int64 in the compiled code; saturate instead of overflowing on absurd budgets.
+INT64_MAX = (1 << 63) - 1
+
+_FLOAT_KINDS = "biuf"
+_INT_KINDS = "biu"
+
+
+class Selection(NamedTuple):
+    """Result of :func:`select` (shared by the compiled and the reference implementation)."""
+
+    scores: np.ndarray  # float64[n] fused scores
+    order: np.ndarray  # int64[n] ranking (score desc, index asc)
+    status: np.ndarray  # int8[n] SELECTED / OVER_BUDGET / DUPLICATE / LOW_SCORE
+    dup_of: np.ndarray  # int64[n] kept item an item duplicates, else -1
+    used: np.ndarray  # int64[ncat] tokens packed per category
+    effective_budget: np.ndarray  # int64[ncat] own budget plus inflow
+    flowed_in: np.ndarray  # int64[ncat] unused budget received from the previous category
+    selected_in_order: np.ndarray  # int64[k] selected indices in ranking order
+
+
+# --------------------------------------------------------------------------------------------------
+# Input validation (mirrors the checks of the compiled wrappers; not part of the algorithm)
+# --------------------------------------------------------------------------------------------------
+
+
+def _array(name: str, x: Any, dtype: type, kinds: str, n: int | None = None) -> np.ndarray:
+    """Return ``x`` as a contiguous 1-D array of ``dtype``, or raise ValueError naming ``name``."""
+    a = np.asarray(x)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+    if n is not None and a.shape[0] != n:
+        raise ValueError(f"{name} must have length {n}, got {a.shape[0]}")
+    if a.dtype.kind not in kinds and a.size:  # an empty list arrives as float64; let it through
+        raise ValueError(f"{name} has unsupported dtype {a.dtype}")
+    target = np.dtype(dtype)
+    if a.dtype != target:
+        # Narrowing integer casts would wrap silently; refuse values that do not fit.
+        if target.kind == "i" and a.size and not np.can_cast(a.dtype, target):
+            info = np.iinfo(target)
+            if a.min() < info.min or a.max() > info.max:
+                raise ValueError(f"{name} has values outside the range of {target}")
+        a = a.astype(target)
+    return np.ascontiguousarray(a)
+
+
+def _int(name: str, x: Any) -> int:
+    try:
+        return int(x.__index__())
+    except (AttributeError, TypeError):
+        raise ValueError(f"{name} must be an integer, got {x!r}") from None
+
+
+def _check_permutation(order: list[int], n: int) -> None:
+    seen = [False] * n
+    for i in order:
+        if not 0 <= i < n or seen[i]:
+            raise ValueError("order must be a permutation of range(n)")
+        seen[i] = True
+
+
+def _texts(texts: Sequence[str]) -> list[str]:
+    if isinstance(texts, str):
+        raise TypeError("texts must be a sequence of str, not a single str")
+    out = list(texts)
+    for k, t in enumerate(out):
+        if not isinstance(t, str):
+            raise TypeError(f"texts[{k}] must be str, got {type(t).__name__}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Ranking and packing
+# --------------------------------------------------------------------------------------------------
+
+
+def fuse_scores(relevance: Any, age_s: Any, priority: Any, w_relevance: float, w_recency: float,
+                w_priority: float, half_life_s: float) -> np.ndarray:
+    """Fused score per item (see module docstring); float64[n]."""
+    rel: list[float] = _array("relevance", relevance, np.float64, _FLOAT_KINDS).tolist()
+    n = len(rel)
+    age: list[float] = _array("age_s", age_s, np.float64, _FLOAT_KINDS, n).tolist()
+    pri: list[float] = _array("priority", priority, np.float64, _FLOAT_KINDS, n).tolist()
+    wr, wc, wp, hl = float(w_relevance), float(w_recency), float(w_priority), float(half_life_s)
+    out: list[float] = []
+    for i in range(n):
+        a = max(age[i], 0.0)
+        # `<= 0` (not `> 0`) so a NaN half-life propagates exactly as in the compiled code.
+        r = 1.0 if hl <= 0.0 else math.exp(-a * LN2 / hl)
+        out.append((wr * rel[i] + wc * r) + wp * pri[i])
+    return np.array(out, dtype=np.float64)
+
+
+def ranking_order(scores: Any) -> np.ndarray:
+    """Indices by score descending, ties by index ascending; int64[n]. NaN scores are rejected."""
+    s: list[float] = _array("scores", scores, np.float64, _FLOAT_KINDS).tolist()
+    if any(math.isnan(x) for x in s):
+        raise ValueError("scores must not contain NaN")
+    # sorted() is stable, so equal scores keep index order.
+    return np.array(sorted(range(len(s)), key=lambda i: -s[i]), dtype=np.int64)
+
+
+def dedup(order: Any, exact_key: Any, simhash: Any, eligible: Any, max_hamming: int) -> np.ndarray:
+    """dup_of[i] = the kept item that i duplicates, else -1 (kept or not eligible); int64[n]."""
+    ordl: list[int] = _array("order", order, np.int64, _INT_KINDS).tolist()
+    n = len(ordl)
+    ex: list[int] = _array("exact_key", exact_key, np.uint64, _INT_KINDS, n).tolist()
+    sh: list[int] = _array("simhash", simhash, np.uint64, _INT_KINDS, n).tolist()
+    el: list[int] = _array("eligible", eligible, np.uint8, _INT_KINDS, n).tolist()
+    mh = min(_int("max_hamming", max_hamming), 64)
+    _check_permutation(ordl, n)
+
+    dup_of = [-1] * n
+    # Kept items have pairwise distinct non-zero exact keys (a repeat would have been a duplicate),
+    # so a dict lookup finds exactly "the first kept item with this key".
+    kept_by_key: dict[int, int] = {}
+    kept_sim: list[tuple[int, int]] = []  # (simhash, index) of kept items with simhash != 0, kept order
+    for i in ordl:
+        if not el[i]:
+            continue
+        k = ex[i]
+        if k != 0 and k in kept_by_key:
+            dup_of[i] = kept_by_key[k]
+            continue
+        h = sh[i]
+        near = -1
+        if mh >= 0 and h != 0:
+            for kh, j in kept_sim:
+                if (h ^ kh).bit_count() <= mh:
+                    near = j
+                    break
+        if near >= 0:
+            dup_of[i] = near
+            continue
+        if k != 0:
+            kept_by_key[k] = i
+        if h != 0:
+            kept_sim.append((h, i))
+    return np.array(dup_of, dtype=np.int64)
+
+
+def greedy_pack(order: Any, tokens: Any, category: Any, eligible: Any, cat_budget: Any,
+                total_budget: int, flow_unused: bool
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Greedy packing by category priority; returns (selected, used, effective_budget, flowed_in)."""
+    ordl: list[int] = _array("order", order, np.int64, _INT_KINDS).tolist()
+    n = len(ordl)
+    tok: list[int] = _array("tokens", tokens, np.int32, _INT_KINDS, n).tolist()
+    cat: list[int] = _array("category", category, np.int32, _INT_KINDS, n).tolist()
+    el: list[int] = _array("eligible", eligible, np.uint8, _INT_KINDS, n).tolist()
+    cb: list[int] = _array("cat_budget", cat_budget, np.int64, _INT_KINDS).tolist()
+    total = _int("total_budget", total_budget)
+    _check_permutation(ordl, n)
+    if any(t < 0 for t in tok):
+        raise ValueError("tokens must be >= 0")
+    ncat = len(cb)
+
+    # Bucket the ranking by category once, so packing is O(n + ncat) rather than O(n * ncat).
+    buckets: list[list[int]] = [[] for _ in range(ncat)]
+    for i in ordl:
+        if el[i] and 0 <= cat[i] < ncat:
+            buckets[cat[i]].append(i)
+
+    selected = [0] * n
+    used = [0] * ncat
+    effective = [0] * ncat
+    flowed = [0] * ncat
+    remaining = min(max(total, 0), INT64_MAX)
+    carry = 0
+    for c in range(ncat):
+        budget = min(max(cb[c], 0) + carry, INT64_MAX)
+        flowed[c] = carry
+        effective[c] = budget
+        u = 0
+        for i in buckets[c]:
+            t = tok[i]
+            # An item that does not fit is skipped; smaller ones later may still fit.
+            if t <= budget - u and t <= remaining:
+                selected[i] = 1
+                u += t
+                remaining -= t
+        used[c] = u
+        carry = budget - u if flow_unused else 0
+    return (np.array(selected, dtype=np.uint8), np.array(used, dtype=np.int64),
+            np.array(effective, dtype=np.int64), np.array(flowed, dtype=np.int64))
+
+
+def select(relevance: Any, age_s: Any, priority: Any, tokens: Any, category: Any, exact_key: Any,
+           simhash: Any, cat_budget: Any, total_budget: int, *, w_relevance: float = 1.0,
+           w_recency: float = 1.0, w_priority: float = 1.0, half_life_s: float = 3600.0,
+           max_hamming: int = 3, min_score: float = -math.inf, flow_unused: bool = True) -> Selection:
+    """Score, rank, dedup and pack candidates in one call."""
+    n = _array("relevance", relevance, np.float64, _FLOAT_KINDS).shape[0]
+    # Validate everything up front so errors name the caller's argument.
+    tok = _array("tokens", tokens, np.int32, _INT_KINDS, n)
+    cat = _array("category", category, np.int32, _INT_KINDS, n)
+    ex = _array("exact_key", exact_key, np.uint64, _INT_KINDS, n)
+    sh = _array("simhash", simhash, np.uint64, _INT_KINDS, n)
+    cb = _array("cat_budget", cat_budget, np.int64, _INT_KINDS)
+    ms = float(min_score)
+
+    scores = fuse_scores(relevance, age_s, priority, w_relevance, w_recency, w_priority, half_life_s)
+    order = ranking_order(scores)
+    sc: list[float] = scores.tolist()
+    status = [OVER_BUDGET] * n
+    dedup_ok = [0] * n
+    for i in range(n):
+        if sc[i] < ms:
+            status[i] = LOW_SCORE
+        else:
+            dedup_ok[i] = 1
+    dup_of = dedup(order, ex, sh, np.array(dedup_ok, dtype=np.uint8), max_hamming)
+    dl: list[int] = dup_of.tolist()
+    pack_ok = [0] * n
+    for i in range(n):
+        if dedup_ok[i]:
+            if dl[i] >= 0:
+                status[i] = DUPLICATE
+            else:
+                pack_ok[i] = 1
+    selected, used, effective, flowed = greedy_pack(order, tok, cat, np.array(pack_ok, dtype=np.uint8), cb,
+                                                    total_budget, flow_unused)
+    sel: list[int] = selected.tolist()
+    chosen: list[int] = []
+    for i in order.tolist():
+        if sel[i]:
+            status[i] = SELECTED
+            chosen.append(i)
+    return Selection(scores, order, np.array(status, dtype=np.int8), dup_of, used, effective, flowed,
+                     np.array(chosen, dtype=np.int64))
+
+
+# --------------------------------------------------------------------------------------------------
+# Text keys
+# --------------------------------------------------------------------------------------------------
+
+
+def _is_cjk(cp: int) -> bool:
+    return (0x3040 <= cp <= 0x30FF or 0x3400 <= cp <= 0x4DBF or 0x4E00 <= cp <= 0x9FFF
+            or 0xF900 <= cp <= 0xFAFF or 0x20000 <= cp <= 0x2FFFF)
+
+
+def tokenize(text: str) -> list[str]:
+    """Tokens of ``text`` (see module docstring)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    tokens: list[str] = []
+    word: list[str] = []
+    for ch in text.lower():
+        if _is_cjk(ord(ch)):
+            if word:
+                tokens.append("".join(word))
+                word = []
+            tokens.append(ch)
+        elif ch.isalnum() or ch == "_":
+            word.append(ch)
+        elif word:
+            tokens.append("".join(word))
+            word = []
+    if word:
+        tokens.append("".join(word))
+    return tokens
+
+
+def fnv1a64(data: bytes) -> int:
+    """FNV-1a 64-bit hash of ``data``."""
+    h = FNV_OFFSET
+    for b in data:
+        h = ((h ^ b) * FNV_PRIME) & MASK64
+    return h
+
+
+def _fnv(s: str) -> int:
+    return fnv1a64(s.encode("utf-8"))
+
+
+def _simhash(features: list[str]) -> int:
+    if not features:
+        return 0
+    v = [0] * 64
+    for f in features:
+        h = _fnv(f)
+        for b in range(64):
+            v[b] += 1 if (h >> b) & 1 else -1
+    out = 0
+    for b in range(64):
+        if v[b] > 0:
+            out |= 1 << b
+    return out or 1
+
+
+def text_keys(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(exact key, simhash) per text, both uint64[n]."""
+    exact: list[int] = []
+    sims: list[int] = []
+    for text in _texts(texts):
+        toks = tokenize(text)
+        exact.append((_fnv(" ".join(toks)) or 1) if toks else 0)
+        feats = [a + " " + b for a, b in zip(toks, toks[1:], strict=False)] if len(toks) >= 2 else toks
+        sims.append(_simhash(feats))
+    return np.array(exact, dtype=np.uint64), np.array(sims, dtype=np.uint64)
+
+
+def _embed_features(toks: list[str]) -> list[tuple[str, float]]:
+    feats: list[tuple[str, float]] = []
+    for t, tok in enumerate(toks):
+        feats.append(("w:" + tok, 1.0))
+        if t > 0:
+            feats.append(("b:" + toks[t - 1] + " " + tok, 0.5))
+        if len(tok) >= 4:
+            padded = "<" + tok + ">"
+            for k in range(len(padded) - 2):
+                feats.append(("c:" + padded[k:k + 3], 0.3))
+    return feats
+
+
+def hash_embed(texts: Sequence[str], dim: int) -> np.ndarray:
+    """Model-free L2-normalised hashed bag-of-features embedding; float32[n, dim]."""
+    d = _int("dim", dim)
+    if d < 1:
+        raise ValueError(f"dim must be >= 1, got {d}")
+    rows: list[list[float]] = []
+    for text in _texts(texts):
+        vec = [0.0] * d
+        for feat, weight in _embed_features(tokenize(text)):
+            h = _fnv(feat)
+            sign = 1.0 if (h >> 63) & 1 == 0 else -1.0
+            vec[h % d] += sign * weight
+        ss = 0.0
+        for x in vec:
+            ss += x * x
+        if ss > 0.0:
+            norm = math.sqrt(ss)
+            vec = [x / norm for x in vec]
+        rows.append(vec)
+    # float64 -> float32 rounding of the finished row is the only numpy step (output packaging).
+    return np.array(rows, dtype=np.float32).reshape(len(rows), d)
