@@ -1,0 +1,1 @@
+"""Context compression: pinned constraints, trimmed tool views, rolling summaries."""

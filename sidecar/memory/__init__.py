@@ -1,0 +1,1 @@
+"""Long-term memory: candidate extraction and filtering."""

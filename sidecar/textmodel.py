@@ -1,0 +1,198 @@
+"""Shared text model and helpers for the pure-Python text modules.
+
+Holds the ``Turn`` dataclass (used by summarisation and memory extraction) and the
+small language helpers (sentence splitting, tokenising, small-talk and entity
+detection) that several modules need, so they are defined exactly once.
+English and Chinese are supported throughout.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Literal
+
+Role = Literal["user", "assistant", "tool", "system"]
+ROLES: frozenset[str] = frozenset({"user", "assistant", "tool", "system"})
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One message of a conversation."""
+
+    message_id: str
+    role: Role
+    text: str
+    speaker: str | None = None
+    timestamp_ms: int = 0
+
+
+# CJK Unified Ideographs (+ extension A and compatibility block); enough for Chinese.
+CJK_CHARS = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+CJK_RE = re.compile(f"[{CJK_CHARS}]")
+
+# --------------------------------------------------------------------------- sentences
+
+# CJK terminators always end a sentence; ASCII ones only when followed by space/end/CJK,
+# so "v1.2", "foo.bar" and "a.b.c" stay intact.
+_BOUNDARY_RE = re.compile(rf"[。！？；\n]+|[.!?;]+(?=\s|$|[{CJK_CHARS}])|[!?;]+")
+_ABBREVIATIONS = frozenset({"e.g", "i.e", "etc", "vs", "mr", "mrs", "dr", "approx", "cf"})
+
+
+def split_sentences(text: str) -> list[tuple[int, int]]:
+    """Return (start, end) spans of sentences in ``text``.
+
+    Spans are stripped of surrounding whitespace and include their terminating
+    punctuation (needed to recognise questions); newlines never belong to a span.
+    """
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for m in _BOUNDARY_RE.finditer(text):
+        if m.group()[0] == "." and _ends_with_abbreviation(text, m.start()):
+            continue
+        end = m.start() if m.group()[0] == "\n" else _terminator_end(m)
+        _append_stripped(text, start, end, spans)
+        start = m.end()
+    _append_stripped(text, start, len(text), spans)
+    return spans
+
+
+def _terminator_end(m: re.Match[str]) -> int:
+    # "Stop!\n" -> keep "!" but not the newline that the CJK class may have swallowed.
+    nl = m.group().find("\n")
+    return m.end() if nl < 0 else m.start() + nl
+
+
+def _ends_with_abbreviation(text: str, dot: int) -> bool:
+    j = dot
+    while j > 0 and (text[j - 1].isalpha() or text[j - 1] == "."):
+        j -= 1
+    return text[j:dot].lower() in _ABBREVIATIONS
+
+
+def _append_stripped(text: str, start: int, end: int, out: list[tuple[int, int]]) -> None:
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    if end > start:
+        out.append((start, end))
+
+
+def sentences(text: str) -> list[str]:
+    return [text[s:e] for s, e in split_sentences(text)]
+
+
+# --------------------------------------------------------------------------- tokens
+
+_WORD_RE = re.compile(rf"[a-z0-9]+(?:['_-][a-z0-9]+)*|[{CJK_CHARS}]")
+
+
+def word_tokens(text: str) -> list[str]:
+    """Lowercased word tokens; each CJK character is its own token (no segmenter needed)."""
+    return _WORD_RE.findall(unicodedata.normalize("NFKC", text).lower())
+
+
+def meaningful_chars(text: str) -> int:
+    """Letters, digits and CJK characters; punctuation, spaces and emoji don't count."""
+    return sum(1 for ch in text if ch.isalnum())
+
+
+# --------------------------------------------------------------------------- small talk
+
+# "|"-separated so multi-word phrases fit on a line.
+_SMALL_TALK = frozenset(
+    "ok|okay|k|kk|thanks|thank you|thankyou|thx|ty|tks|hi|hello|hey|yes|yep|yeah|yup|no|nope|sure|got it|"
+    "cool|nice|great|lol|haha|good|fine|alright|right|np|no problem|noted|roger|good morning|good night|bye|"
+    "cheers|awesome|perfect|understood|sounds good|ok thanks|thanks a lot|many thanks|will do|hmm|hm|ah|oh|"
+    "wow|sorry|嗯|嗯嗯|好|好的|好滴|好吧|行|可以|谢谢|多谢|感谢|收到|哈|哈哈|明白|了解|知道了|没问题|你好|"
+    "您好|早|早上好|晚安|辛苦了|是的|对|对的|嗯好|ok了|好嘞|拜拜|再见|哦|噢|懂了|不客气".split("|")
+)
+_SPLIT_SMALL_TALK_RE = re.compile(r"[\s,.!?;:~，。！？；：、…]+")
+_REPEAT_RE = re.compile(r"(.)\1+")
+
+
+def is_small_talk(text: str) -> bool:
+    """True for acknowledgements/greetings ("好的，谢谢", "ok thanks!", "嗯嗯嗯") and emoji-only text."""
+    norm = unicodedata.normalize("NFKC", text).lower().strip()
+    if meaningful_chars(norm) == 0:
+        return True
+    if _phrase_is_small_talk(norm):
+        return True
+    parts = [p for p in _SPLIT_SMALL_TALK_RE.split(norm) if meaningful_chars(p)]
+    return bool(parts) and all(_phrase_is_small_talk(p) for p in parts)
+
+
+def _phrase_is_small_talk(phrase: str) -> bool:
+    core = "".join(ch for ch in phrase if ch.isalnum() or ch == " ").strip()
+    return (
+        core in _SMALL_TALK
+        or _REPEAT_RE.sub(r"\1", core) in _SMALL_TALK
+        or _REPEAT_RE.sub(r"\1\1", core) in _SMALL_TALK
+    )
+
+
+def is_low_information(text: str) -> bool:
+    """Small talk, emoji-only, or fewer than 3 meaningful characters."""
+    return meaningful_chars(text) < 3 or is_small_talk(text)
+
+
+# --------------------------------------------------------------------------- entities
+
+# Strong environment words count anywhere; weak ones ("test", "dev", 测试) only next to
+# an environment noun, because they are also ordinary words.
+_ENV_STRONG_RE = re.compile(r"(?<![\w-])(prod|production|staging|preprod|pre-prod|uat)(?![\w-])", re.I)
+_ENV_WEAK_RE = re.compile(
+    r"(?<![\w-])(test|testing|dev|development|qa|sandbox|stage)"
+    r"(?=[\s-]*(?:env|envs|environment|cluster|namespace|server|servers|stack|region|db|database)\b)",
+    re.I,
+)
+_ENV_CN_RE = re.compile(r"(生产|预发|灰度)(?:环境)?|(测试|开发|预生产)(?=环境|集群|库|服务器|机器)")
+_SERVICE_RE = re.compile(r"(?<![\w.-])[a-z][a-z0-9]*(?:[-_][a-z0-9]+)+(?![\w-])", re.I)
+_SERVICE_PARTS = frozenset(
+    "api svc service services server srv db database cache redis worker workers gateway gw proxy queue "
+    "mq kafka web app backend frontend cluster job cron consumer producer store auth admin portal engine "
+    "daemon agent controller operator scheduler indexer ingest pipeline bus lb ingress node master replica "
+    "primary etl sync notifier rpc grpc http mysql pg postgres es search storage broker cdn".split()
+)
+_HOST_RE = re.compile(
+    r"(?<![\w.-])(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?\.)+"
+    r"(?:com|net|org|io|internal|local|lan|svc|cn|cloud|corp|intra|dev)(?![\w.-])",
+    re.I,
+)
+_IP_RE = re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?::\d{2,5})?(?![\d.])")
+_NAMESPACE_RE = re.compile(
+    r"(?:\bnamespace|\bns|命名空间)[\s:=/]*([a-z0-9][a-z0-9-]{1,62})(?![\w-])|(?<!\S)-n\s+([a-z0-9][a-z0-9-]{1,62})",
+    re.I,
+)
+
+
+def find_environments(text: str) -> list[str]:
+    found: list[str] = [m.group(1).lower() for m in _ENV_STRONG_RE.finditer(text)]
+    found += [m.group(1).lower() for m in _ENV_WEAK_RE.finditer(text)]
+    found += [m.group(1) or m.group(2) for m in _ENV_CN_RE.finditer(text)]
+    return list(dict.fromkeys(found))
+
+
+def find_services(text: str) -> list[str]:
+    """Service-style names (``payment-api``, ``foo_db``) and k8s namespaces, lowercased."""
+    found = [
+        m.group().lower()
+        for m in _SERVICE_RE.finditer(text)
+        if any(p in _SERVICE_PARTS for p in re.split(r"[-_]", m.group().lower()))
+    ]
+    found += [(m.group(1) or m.group(2)).lower() for m in _NAMESPACE_RE.finditer(text)]
+    return list(dict.fromkeys(found))
+
+
+def find_entities(text: str) -> list[str]:
+    """Environment, service, namespace, host and IP names, lowercased, in first-seen order.
+
+    Surface forms are kept (``production`` and ``prod`` are distinct) so that every
+    returned name can be found verbatim in the text it came from.
+    """
+    found = find_environments(text) + find_services(text)
+    found += [m.group().lower() for m in _HOST_RE.finditer(text)]
+    found += [m.group() for m in _IP_RE.finditer(text)]
+    return list(dict.fromkeys(found))

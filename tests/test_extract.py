@@ -1,0 +1,143 @@
+import random
+import time
+
+import pytest
+
+from sidecar.memory.extract import Extractor, MemoryCandidate, RuleBasedExtractor
+from sidecar.textmodel import Turn
+
+
+def extract_one(text: str, role: str = "user") -> list[MemoryCandidate]:
+    return RuleBasedExtractor().extract([Turn("m1", role, text)])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "ctype", "subject"),
+    [
+        ("I prefer concise answers.", "preference", "answer_style"),
+        ("Please always answer in Chinese.", "preference", "language"),
+        ("From now on use staging by default.", "preference", "default_env"),
+        ("Going forward, reply with bullet points.", "preference", "answer_style"),
+        ("Call me Sam.", "preference", "name"),
+        ("I like vim.", "preference", "editor"),
+        ("以后默认查测试环境", "preference", "default_env"),
+        ("我喜欢简洁的回答", "preference", "answer_style"),
+        ("请用中文回复", "preference", "language"),
+        ("我偏好用 zsh", "preference", "shell"),
+        ("I usually check grafana first.", "habit", None),
+        ("Every morning I review the on-call alerts.", "habit", None),
+        ("我通常先看日志", "habit", None),
+        ("我每天早上看一下告警", "habit", None),
+        ("Our prod cluster is eks-prod-1 in us-east-1.", "semantic", "prod_cluster"),
+        ("我们的生产集群是 ack-prod", "semantic", "prod_cluster"),
+        ("We use postgres 15.", "semantic", "database"),
+        ("My team owns payment-api.", "semantic", "owns:payment-api"),
+        ("我负责 order-service", "semantic", "owns:order-service"),
+    ],
+)
+def test_user_statements(text: str, ctype: str, subject: str | None) -> None:
+    cands = extract_one(text)
+    assert len(cands) == 1, cands
+    c = cands[0]
+    assert c.type == ctype
+    assert c.authority == "USER_STATED"
+    assert c.source_message_ids == ["m1"]
+    assert c.content == text.strip()
+    assert c.confidence >= 0.7
+    assert c.confidence == (0.9 if ctype == "preference" else 0.8)
+    if subject is not None:
+        assert c.subject == subject
+    assert c.subject
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("以后默认查测试环境", "以后默认查生产环境"),
+        ("I prefer concise answers", "I prefer detailed answers"),
+        ("请用中文回复", "Please always answer in English."),
+        ("Our prod cluster is eks-1", "我们的生产集群是 ack-2"),
+        ("I like vim", "I prefer emacs"),
+    ],
+)
+def test_conflicting_statements_share_a_subject(a: str, b: str) -> None:
+    (ca,), (cb,) = extract_one(a), extract_one(b)
+    assert ca.subject == cb.subject
+
+
+def test_weak_cues_get_low_confidence() -> None:
+    for text in ["Maybe I'd like shorter answers.", "我可能喜欢用英文", "I think I prefer dark mode"]:
+        (c,) = extract_one(text)
+        assert c.confidence < 0.7, text
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["What editor do I prefer?", "ok thanks", "好的", "The build is green.", "以后呢？", "Do you like vim?"],
+)
+def test_no_candidates(text: str) -> None:
+    assert extract_one(text) == []
+
+
+def test_assistant_and_system_preferences_are_ignored() -> None:
+    assert extract_one("I prefer concise answers.", role="assistant") == []
+    assert extract_one("From now on use staging.", role="system") == []
+
+
+def test_episode_across_turns() -> None:
+    turns = [
+        Turn("t1", "user", "We had an outage on payment-api in prod this morning."),
+        Turn("t2", "assistant", "Looking into it."),
+        Turn("t3", "tool", "root cause: connection pool exhausted after config push"),
+    ]
+    eps = [c for c in RuleBasedExtractor().extract(turns) if c.type == "episode"]
+    assert len(eps) == 1
+    ep = eps[0]
+    assert ep.source_message_ids == ["t1", "t3"]
+    assert ep.authority == "TOOL_VERIFIED"
+    assert ep.confidence == pytest.approx(0.75)
+    assert ep.subject == "incident:prod"
+    assert "outage" in ep.content and "connection pool" in ep.content
+
+
+def test_chinese_episode() -> None:
+    turns = [
+        Turn("c1", "user", "昨晚 order-service 告警了"),
+        Turn("c2", "assistant", "根因是数据库连接池耗尽，已修复。"),
+    ]
+    (ep,) = RuleBasedExtractor().extract(turns)
+    assert ep.type == "episode" and ep.source_message_ids == ["c1", "c2"]
+    assert ep.subject == "incident:order-service" and ep.authority == "INFERRED"
+
+
+def test_secrets_are_left_for_the_filter() -> None:
+    (c,) = extract_one("From now on use password: hunter2 for staging.")
+    assert "hunter2" in c.content  # the filter stage rejects it with reason "secret"
+
+
+def _synthetic_turns(n: int) -> list[Turn]:
+    rnd = random.Random(0)
+    texts = [
+        "Can you check the payment-api logs in prod?",
+        "I prefer concise answers.",
+        "以后默认查测试环境",
+        "The deploy of order-service finished at 10:05 with 3 replicas.",
+        "好的，谢谢",
+        "Looks like the p99 latency went up after the last release.",
+        "我们的生产集群是 ack-prod",
+        "Root cause was a bad config push to payment-api.",
+        "Please restart nothing, just look.",
+        "grep ERROR /var/log/app.log | tail -n 50",
+    ]
+    roles = ["user", "assistant", "tool"]
+    return [Turn(f"m{i}", roles[i % 3], rnd.choice(texts)) for i in range(n)]  # type: ignore[arg-type]
+
+
+def test_throughput() -> None:
+    turns = _synthetic_turns(3000)
+    extractor: Extractor = RuleBasedExtractor()
+    t0 = time.perf_counter()
+    extractor.extract(turns)
+    rate = len(turns) / (time.perf_counter() - t0)
+    print(f"RuleBasedExtractor: {rate:,.0f} turns/s")
+    assert rate >= 300
