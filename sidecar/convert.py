@@ -159,3 +159,25 @@ def build_response(result, render_mode: int) -> pb.BuildContextResponse:
         for role, content in render_chat(result):
             resp.chat_messages.add(role=role, content=content)
     return resp
+
+
+def memory(m) -> pb.Memory:
+    from sidecar.clock import now_ms
+
+    return pb.Memory(memory_id=m.memory_id, type=int(m.type), content=m.content,
+                     source_message_ids=m.source_message_ids, confidence=m.confidence, authority=int(m.authority),
+                     created_at_ms=m.created_at_ms, updated_at_ms=m.updated_at_ms, expires_at_ms=m.expires_at_ms,
+                     status=int(m.status), superseded_by=m.superseded_by, subject=m.subject,
+                     expired=m.expired(now_ms()))
+
+
+def memory_types(values, field: str) -> list:
+    from sidecar.domain import MemoryType
+
+    return [enum_value(MemoryType, v, f"{field}[{i}]") for i, v in enumerate(values)]
+
+
+def job(j) -> pb.Job:
+    return pb.Job(job_id=j.job_id, kind=j.kind, status=int(j.status), attempts=j.attempts, error=j.error,
+                  done_items=j.done_items, total_items=j.total_items, created_at_ms=j.created_at_ms,
+                  updated_at_ms=j.updated_at_ms, result=j.result)

@@ -195,3 +195,50 @@ class Job:
     created_at_ms: int
     updated_at_ms: int
     result: dict[str, str] = field(default_factory=dict)
+
+
+class MemoryType(enum.IntEnum):
+    PREFERENCE = 1
+    EPISODE = 2
+    HABIT = 3
+    SEMANTIC = 4
+
+
+class Authority(enum.IntEnum):
+    USER_STATED = 1
+    TOOL_VERIFIED = 2
+    INFERRED = 3
+
+
+class MemoryStatus(enum.IntEnum):
+    ACTIVE = 1
+    SUPERSEDED = 2
+    DELETED = 3
+
+
+@dataclass(slots=True)
+class Memory:
+    memory_id: str
+    type: MemoryType
+    content: str
+    subject: str
+    source_message_ids: list[str]
+    confidence: float
+    authority: Authority
+    created_at_ms: int
+    updated_at_ms: int
+    expires_at_ms: int = 0
+    status: MemoryStatus = MemoryStatus.ACTIVE
+    superseded_by: str = ""
+    tokens: int = 0
+
+    def expired(self, now: int) -> bool:
+        return 0 < self.expires_at_ms <= now
+
+
+@dataclass(slots=True)
+class MemoryChange:
+    memory: Memory
+    action: str
+    reason: str
+    at_ms: int

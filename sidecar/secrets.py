@@ -89,7 +89,9 @@ _RULES: list[_Rule] = [
         folded=True,
     ),
     # Chinese: passwords are essentially always ASCII, which also stops at the next CJK word.
-    _rule("password", r"(?:密码|口令|密钥)\s*(?:是|为|[:：=])\s*([\x21-\x7e]*[\x21-\x2d\x2f-\x7e])", 1),
+    # A few CJK characters may sit between the keyword and its value ("密码登录：x", "口令设置为 x").
+    _rule("password", r"(?:密码|口令|密钥)[\u4e00-\u9fff]{0,6}?\s*(?:是|为|[:：=])\s*([\x21-\x7e]*[\x21-\x2d\x2f-\x7e])",
+          1),
     _rule(
         "api_key",
         r"(?:api[_-]?key|apikey|token|secret|access[_-]?key|client[_-]?secret|auth[_-]?token|"

@@ -7,16 +7,16 @@ from sidecar import convert
 from sidecar.api import context_service_pb2 as pb
 from sidecar.api import context_service_pb2_grpc as pb_grpc
 from sidecar.app import Sidecar
-from sidecar.domain import FactStatus, Provenance, RunStatus, enum_value
-from sidecar.errors import Unimplemented
+from sidecar.domain import Authority, FactStatus, MemoryType, Provenance, RunStatus, enum_value
+from sidecar.errors import InvalidArgument, NotFound, Unimplemented
+from sidecar.ids import check_id
+from sidecar.memory.service import MemoryInput
 from sidecar.services.facts import FactInput
 
 # RPCs of the contract whose capability lands with another issue (README lists what is live).
 PENDING_RPCS: dict[str, str] = {
     name: issue
     for issue, names in {
-        "#5 (long-term memory)": ["CommitTurn", "GetJobStatus", "WaitForJobs", "AddMemory", "SearchMemories",
-                                  "ListMemories", "UpdateMemory", "DeleteMemory", "ForgetUser", "GetMemoryHistory"],
         "#6 (knowledge base)": ["IngestDocument", "ListDocuments", "ListDocumentVersions", "SetLiveVersion",
                                 "DeleteDocument", "SearchKnowledge", "UpsertEdges", "DeleteEdges", "QueryGraph"],
         "#7 (compression)": ["RecordToolResult", "GetToolResult", "AddRunNote", "ListRunNotes",
@@ -110,6 +110,78 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
     def BuildContext(self, request, context):
         result = self.app.builder.build(convert.scope(request), convert.build_request(request))
         return convert.build_response(result, request.render)
+
+    def CommitTurn(self, request, context):
+        ids = self.app.turns.commit(convert.scope(request), request.session_id, list(request.message_ids))
+        return pb.CommitTurnResponse(job_ids=ids)
+
+    def GetJobStatus(self, request, context):
+        scope = convert.scope(request)
+        check_id(request.job_id, "job_id")
+        job = self.app.store.get_job(scope, request.job_id)
+        if job is None:
+            raise NotFound(f"job_id {request.job_id!r} not found for this tenant and user")
+        return convert.job(job)
+
+    def WaitForJobs(self, request, context):
+        scope = convert.scope(request)
+        for i, jid in enumerate(request.job_ids):
+            check_id(jid, f"job_ids[{i}]")
+        if request.timeout_ms < 0 or request.timeout_ms > 120_000:
+            raise InvalidArgument(f"timeout_ms must be 0-120000 (got {request.timeout_ms})")
+        jobs, done = self.app.worker.wait(scope, list(request.job_ids), (request.timeout_ms or 10_000) / 1000)
+        return pb.WaitForJobsResponse(jobs=[convert.job(j) for j in jobs], all_finished=done)
+
+    # ------------------------------------------------------------------ long-term memory
+    def AddMemory(self, request, context):
+        inp = MemoryInput(
+            type=enum_value(MemoryType, request.type, "type"), content=request.content, subject=request.subject,
+            source_message_ids=list(request.source_message_ids),
+            confidence=request.confidence if request.HasField("confidence") else 1.0,
+            authority=(Authority.USER_STATED if request.authority == 0
+                       else enum_value(Authority, request.authority, "authority")),
+            expires_at_ms=request.expires_at_ms,
+            embedding=list(request.embedding) if request.embedding else None)
+        result = self.app.memories.add(convert.scope(request), inp)
+        outcome = {"created": pb.WRITE_OUTCOME_CREATED, "merged": pb.WRITE_OUTCOME_MERGED,
+                   "superseded_older": pb.WRITE_OUTCOME_SUPERSEDED_OLDER}[result.outcome]
+        return pb.AddMemoryResponse(memory=convert.memory(result.memory), outcome=outcome,
+                                    superseded_id=result.superseded_id)
+
+    def SearchMemories(self, request, context):
+        hits = self.app.memories.search(convert.scope(request), request.query, list(request.query_embedding),
+                                        convert.memory_types(request.types, "types"), request.top_k,
+                                        request.min_score)
+        return pb.SearchMemoriesResponse(hits=[pb.ScoredMemory(memory=convert.memory(h.memory), score=h.score,
+                                                               dense_score=h.dense, lexical_score=h.lexical)
+                                               for h in hits])
+
+    def ListMemories(self, request, context):
+        rows, token = self.app.memories.list(convert.scope(request), request.page_size, request.page_token,
+                                             convert.memory_types(request.types, "types"), request.include_inactive)
+        return pb.ListMemoriesResponse(memories=[convert.memory(m) for m in rows], next_page_token=token)
+
+    def UpdateMemory(self, request, context):
+        m = self.app.memories.update(
+            convert.scope(request), request.memory_id,
+            content=request.content if request.HasField("content") else None,
+            confidence=request.confidence if request.HasField("confidence") else None,
+            expires_at_ms=request.expires_at_ms if request.HasField("expires_at_ms") else None,
+            type_=enum_value(MemoryType, request.type, "type") if request.HasField("type") else None)
+        return convert.memory(m)
+
+    def DeleteMemory(self, request, context):
+        self.app.memories.delete(convert.scope(request), request.memory_id)
+        return pb.DeleteMemoryResponse(memory_id=request.memory_id)
+
+    def ForgetUser(self, request, context):
+        return pb.ForgetUserResponse(deleted=self.app.memories.forget_user(convert.scope(request)))
+
+    def GetMemoryHistory(self, request, context):
+        changes = self.app.memories.history(convert.scope(request), request.memory_id)
+        return pb.GetMemoryHistoryResponse(changes=[
+            pb.MemoryChange(memory=convert.memory(c.memory), action=c.action, reason=c.reason, at_ms=c.at_ms)
+            for c in changes])
 
 
 def _unimplemented(name: str, issue: str):

@@ -17,11 +17,16 @@ from typing import Any
 import duckdb
 
 from sidecar.domain import (
+    Authority,
     Fact,
     FactChange,
     FactStatus,
     Job,
     JobStatus,
+    Memory,
+    MemoryChange,
+    MemoryStatus,
+    MemoryType,
     Message,
     NewMessage,
     Provenance,
@@ -42,6 +47,11 @@ _MESSAGE_COLS = ("tenant_id, user_id, session_id, seq, message_id, role, text, t
                  "timestamp_ms, created_at_ms, tokens, line_tokens, idempotency_key, speaker")
 _FACT_COLS = "key, value, provenance, source, updated_at_ms, status, version, tokens"
 _RUN_COLS = "run_id, session_id, status, goal, reason, created_at_ms, updated_at_ms"
+_MEMORY_COLS = ("memory_id, type, content, subject, source_message_ids, confidence, authority, created_at_ms, "
+                "updated_at_ms, expires_at_ms, status, superseded_by, tokens")
+# Every table that holds a user's data; ForgetUser empties each of them for that user.
+USER_TABLES = ("sessions", "messages", "facts", "fact_history", "runs", "run_checkpoints", "jobs", "memories",
+               "memory_history", "turn_commits")
 _JOB_COLS = ("job_id, tenant_id, user_id, kind, payload, status, attempts, error, done_items, total_items, "
              "created_at_ms, updated_at_ms, result")
 
@@ -62,7 +72,12 @@ class DuckDBStore:
         self._conn = duckdb.connect(path)
         self._lock = threading.RLock()
         self._next_seq: dict[tuple[str, str, str], int] = {}
+        self._history_seq = 0
         self._migrate()
+        with self._lock:
+            # History rows are ordered by a counter that must keep growing across restarts.
+            self._history_seq = (self._conn.execute("SELECT coalesce(max(seq), 0) FROM memory_history")
+                                 .fetchone()[0] // 1000) + 1
 
     # ------------------------------------------------------------------ plumbing
     @contextmanager
@@ -372,3 +387,119 @@ class DuckDBStore:
             n = c.execute("SELECT count(*) FROM jobs WHERE status = ?", [int(JobStatus.RUNNING)]).fetchone()[0]
             c.execute("UPDATE jobs SET status = ? WHERE status = ?", [int(JobStatus.QUEUED), int(JobStatus.RUNNING)])
             return n
+
+    # ------------------------------------------------------------------ long-term memory
+    @staticmethod
+    def _memory(r: Sequence[Any]) -> Memory:
+        return Memory(memory_id=r[0], type=MemoryType(r[1]), content=r[2], subject=r[3],
+                      source_message_ids=json.loads(r[4]), confidence=r[5], authority=Authority(r[6]),
+                      created_at_ms=r[7], updated_at_ms=r[8], expires_at_ms=r[9], status=MemoryStatus(r[10]),
+                      superseded_by=r[11], tokens=r[12])
+
+    def put_memories(self, scope: Scope, rows: Sequence[tuple[Memory, bytes]], changes: Sequence[MemoryChange]) -> None:
+        """Insert or replace memory rows and append their history, in one transaction."""
+        with self._tx() as c:
+            for m, _ in rows:
+                c.execute("DELETE FROM memories WHERE tenant_id = ? AND user_id = ? AND memory_id = ?",
+                          [scope.tenant_id, scope.user_id, m.memory_id])
+            self._insert_many(c, "memories", "tenant_id, user_id, " + _MEMORY_COLS + ", embedding", [
+                (scope.tenant_id, scope.user_id, m.memory_id, int(m.type), m.content, m.subject,
+                 json.dumps(m.source_message_ids), m.confidence, int(m.authority), m.created_at_ms, m.updated_at_ms,
+                 m.expires_at_ms, int(m.status), m.superseded_by, m.tokens, emb) for m, emb in rows])
+            self._append_memory_history(c, scope, changes)
+
+    def _append_memory_history(self, c: duckdb.DuckDBPyConnection, scope: Scope,
+                               changes: Sequence[MemoryChange]) -> None:
+        self._history_seq += 1
+        self._insert_many(c, "memory_history",
+                          "tenant_id, user_id, memory_id, at_ms, seq, action, reason, type, content, subject, "
+                          "source_message_ids, confidence, authority, expires_at_ms, status, superseded_by",
+                          [(scope.tenant_id, scope.user_id, ch.memory.memory_id, ch.at_ms, self._history_seq * 1000 + k,
+                            ch.action, ch.reason, int(ch.memory.type), ch.memory.content, ch.memory.subject,
+                            json.dumps(ch.memory.source_message_ids), ch.memory.confidence, int(ch.memory.authority),
+                            ch.memory.expires_at_ms, int(ch.memory.status), ch.memory.superseded_by)
+                           for k, ch in enumerate(changes)])
+
+    def get_memory(self, scope: Scope, memory_id: str) -> Memory | None:
+        rows = self._query(f"SELECT {_MEMORY_COLS} FROM memories WHERE tenant_id = ? AND user_id = ? AND memory_id = ?",
+                           [scope.tenant_id, scope.user_id, memory_id])
+        return self._memory(rows[0]) if rows else None
+
+    def list_memories(self, scope: Scope, *, limit: int, offset: int, types: Sequence[int], include_inactive: bool,
+                      now_ms: int) -> list[Memory]:
+        sql = f"SELECT {_MEMORY_COLS} FROM memories WHERE tenant_id = ? AND user_id = ?"
+        params: list[Any] = [scope.tenant_id, scope.user_id]
+        if types:
+            sql += f" AND type IN ({', '.join('?' * len(types))})"
+            params += list(types)
+        if not include_inactive:
+            sql += " AND status = ? AND (expires_at_ms = 0 OR expires_at_ms > ?)"
+            params += [int(MemoryStatus.ACTIVE), now_ms]
+        rows = self._query(sql + " ORDER BY updated_at_ms DESC, memory_id LIMIT ? OFFSET ?", [*params, limit, offset])
+        return [self._memory(r) for r in rows]
+
+    def active_memories_with_embeddings(self, scope: Scope) -> list[tuple[Memory, bytes]]:
+        rows = self._query(f"SELECT {_MEMORY_COLS}, embedding FROM memories WHERE tenant_id = ? AND user_id = ? "
+                           "AND status = ? ORDER BY created_at_ms, memory_id",
+                           [scope.tenant_id, scope.user_id, int(MemoryStatus.ACTIVE)])
+        return [(self._memory(r), bytes(r[-1])) for r in rows]
+
+    def memory_history(self, scope: Scope, memory_id: str) -> list[MemoryChange]:
+        rows = self._query(
+            "SELECT memory_id, type, content, subject, source_message_ids, confidence, authority, at_ms, at_ms, "
+            "expires_at_ms, status, superseded_by, 0, action, reason, at_ms FROM memory_history "
+            "WHERE tenant_id = ? AND user_id = ? AND memory_id = ? ORDER BY seq",
+            [scope.tenant_id, scope.user_id, memory_id])
+        return [MemoryChange(memory=self._memory(r[:13]), action=r[13], reason=r[14], at_ms=r[15]) for r in rows]
+
+    def delete_memory(self, scope: Scope, memory_id: str, tombstone: MemoryChange) -> None:
+        """Deletion really deletes: the row and every earlier version; a contentless tombstone stays."""
+        owner = [scope.tenant_id, scope.user_id, memory_id]
+        with self._tx() as c:
+            c.execute("DELETE FROM memories WHERE tenant_id = ? AND user_id = ? AND memory_id = ?", owner)
+            c.execute("DELETE FROM memory_history WHERE tenant_id = ? AND user_id = ? AND memory_id = ?", owner)
+            self._append_memory_history(c, scope, [tombstone])
+
+    # ------------------------------------------------------------------ after-turn commits
+    def commit_watermark(self, scope: Scope, session_id: str) -> int:
+        rows = self._query("SELECT upto_seq FROM turn_commits WHERE tenant_id = ? AND user_id = ? AND session_id = ?",
+                           [scope.tenant_id, scope.user_id, session_id])
+        return rows[0][0] if rows else 0
+
+    def commit_turn(self, scope: Scope, session_id: str, upto_seq: int, jobs: Sequence[Job]) -> None:
+        """Record the watermark and enqueue the after-turn jobs atomically."""
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO turn_commits VALUES (?, ?, ?, greatest(?, coalesce((SELECT upto_seq FROM "
+                      "turn_commits WHERE tenant_id = ? AND user_id = ? AND session_id = ?), 0)))",
+                      [scope.tenant_id, scope.user_id, session_id, upto_seq, scope.tenant_id, scope.user_id,
+                       session_id])
+            self._insert_many(c, "jobs", _JOB_COLS, [self._job_row(j) for j in jobs])
+
+    # ------------------------------------------------------------------ forget
+    def forget_user(self, scope: Scope) -> dict[str, int]:
+        """Delete every row of the user in the tenant, in every table that holds user data."""
+        counts: dict[str, int] = {}
+        with self._tx() as c:
+            for table in USER_TABLES:
+                where = "WHERE tenant_id = ? AND user_id = ?"
+                n = c.execute(f"SELECT count(*) FROM {table} {where}", [scope.tenant_id, scope.user_id]).fetchone()[0]
+                if n:
+                    c.execute(f"DELETE FROM {table} {where}", [scope.tenant_id, scope.user_id])
+                counts[table] = n
+        for key in [k for k in self._next_seq if k[0] == scope.tenant_id and k[1] == scope.user_id]:
+            del self._next_seq[key]
+        return counts
+
+    def superseded_pairs(self, scope: Scope) -> list[tuple[str, str]]:
+        return [tuple(r) for r in self._query(
+            "SELECT memory_id, superseded_by FROM memories WHERE tenant_id = ? AND user_id = ? AND status = ?",
+            [scope.tenant_id, scope.user_id, int(MemoryStatus.SUPERSEDED)])]
+
+    def get_messages(self, scope: Scope, session_id: str, message_ids: Sequence[str]) -> list[Message]:
+        if not message_ids:
+            return []
+        marks = ", ".join("?" * len(message_ids))
+        rows = self._query(f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant_id = ? AND user_id = ? AND "
+                           f"session_id = ? AND message_id IN ({marks}) ORDER BY seq",
+                           [scope.tenant_id, scope.user_id, session_id, *message_ids])
+        return [self._message(r) for r in rows]

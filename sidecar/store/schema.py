@@ -50,6 +50,29 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             result VARCHAR NOT NULL);
         """,
     ),
+    (
+        2,
+        "long-term memory with history; commit watermark per session",
+        """
+        CREATE TABLE memories (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, memory_id VARCHAR NOT NULL,
+            type SMALLINT NOT NULL, content VARCHAR NOT NULL, subject VARCHAR NOT NULL,
+            source_message_ids VARCHAR NOT NULL, confidence DOUBLE NOT NULL, authority SMALLINT NOT NULL,
+            created_at_ms BIGINT NOT NULL, updated_at_ms BIGINT NOT NULL, expires_at_ms BIGINT NOT NULL,
+            status SMALLINT NOT NULL, superseded_by VARCHAR NOT NULL, tokens INTEGER NOT NULL,
+            embedding BLOB NOT NULL,
+            PRIMARY KEY (tenant_id, user_id, memory_id));
+        CREATE TABLE memory_history (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, memory_id VARCHAR NOT NULL,
+            at_ms BIGINT NOT NULL, seq BIGINT NOT NULL, action VARCHAR NOT NULL, reason VARCHAR NOT NULL,
+            type SMALLINT NOT NULL, content VARCHAR NOT NULL, subject VARCHAR NOT NULL,
+            source_message_ids VARCHAR NOT NULL, confidence DOUBLE NOT NULL, authority SMALLINT NOT NULL,
+            expires_at_ms BIGINT NOT NULL, status SMALLINT NOT NULL, superseded_by VARCHAR NOT NULL);
+        CREATE TABLE turn_commits (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, session_id VARCHAR NOT NULL,
+            upto_seq BIGINT NOT NULL, PRIMARY KEY (tenant_id, user_id, session_id));
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

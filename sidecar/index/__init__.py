@@ -1,0 +1,1 @@
+"""Vector and lexical indexes (derived data, rebuilt from rows) and the embedders that feed them."""

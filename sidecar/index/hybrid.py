@@ -1,0 +1,196 @@
+"""One hybrid index over a set of rows: dense vectors (exact numpy search, hnswlib above a size
+threshold) plus BM25 postings. Rows are removed in the same call that deletes their data.
+
+Not thread-safe on its own: owners guard it with their lock."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import hnswlib
+import numpy as np
+
+BM25_K1, BM25_B = 1.2, 0.75
+# Lexical scores are squashed as s / (s + LEXICAL_HALF) so that they stay comparable across
+# queries (an absolute threshold like "no knowledge matched" needs that).
+LEXICAL_HALF = 4.0
+
+
+@dataclass(slots=True)
+class Hit:
+    key: str
+    score: float
+    dense: float
+    lexical: float
+
+
+class HybridIndex:
+    def __init__(self, dim: int, *, dense_weight: float = 0.6, hnsw_threshold: int = 4096, ef: int = 96,
+                 m: int = 16) -> None:
+        self.dim = dim
+        self.dense_weight = dense_weight
+        self.hnsw_threshold = hnsw_threshold
+        self._ef, self._m = ef, m
+        self._vectors = np.zeros((64, dim), np.float32)
+        self._alive = np.zeros(64, bool)
+        self._keys: list[str | None] = []
+        self._row_of: dict[str, int] = {}
+        self._doc_len = np.zeros(64, np.float32)
+        self._postings: dict[str, tuple[list[int], list[int]]] = {}
+        self._posting_arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._terms_of: list[tuple[str, ...]] = []
+        self._hnsw: hnswlib.Index | None = None
+        self._total_len = 0.0
+        self._df: dict[str, int] = {}  # live documents per term (postings also hold dead rows)
+
+    def __len__(self) -> int:
+        return len(self._row_of)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._row_of
+
+    def keys(self) -> list[str]:
+        return list(self._row_of)
+
+    def vector(self, key: str) -> np.ndarray:
+        return self._vectors[self._row_of[key]].copy()
+
+    # ------------------------------------------------------------------ writes
+    def add(self, key: str, vector: np.ndarray, terms: Sequence[str]) -> None:
+        if key in self._row_of:
+            self.remove(key)
+        row = len(self._keys)
+        if row >= len(self._alive):
+            grow = len(self._alive) * 2
+            self._vectors = np.resize(self._vectors, (grow, self.dim))
+            self._alive = np.concatenate([self._alive, np.zeros(grow - len(self._alive), bool)])
+            self._doc_len = np.concatenate([self._doc_len, np.zeros(grow - len(self._doc_len), np.float32)])
+        self._vectors[row] = vector
+        self._alive[row] = True
+        self._keys.append(key)
+        self._row_of[key] = row
+        counts: dict[str, int] = {}
+        for t in terms:
+            counts[t] = counts.get(t, 0) + 1
+        for t, tf in counts.items():
+            self._df[t] = self._df.get(t, 0) + 1
+            rows, tfs = self._postings.setdefault(t, ([], []))
+            rows.append(row)
+            tfs.append(tf)
+            self._posting_arrays.pop(t, None)
+        self._terms_of.append(tuple(terms))
+        self._doc_len[row] = len(terms)
+        self._total_len += len(terms)
+        if self._hnsw is not None:
+            self._hnsw_add([row])
+        elif len(self._row_of) > self.hnsw_threshold:
+            self._build_hnsw()
+
+    def add_many(self, items: Iterable[tuple[str, np.ndarray, Sequence[str]]]) -> None:
+        for key, vec, terms in items:
+            self.add(key, vec, terms)
+
+    def remove(self, key: str) -> bool:
+        row = self._row_of.pop(key, None)
+        if row is None:
+            return False
+        self._alive[row] = False
+        self._keys[row] = None
+        self._total_len -= float(self._doc_len[row])
+        for term in set(self._terms_of[row]):
+            self._df[term] -= 1
+        if self._hnsw is not None:
+            self._hnsw.mark_deleted(row)
+        if len(self._keys) - len(self._row_of) > max(1024, len(self._row_of)):
+            self._compact()
+        return True
+
+    def _compact(self) -> None:
+        """Rebuild without dead rows once they outnumber the live ones (updates re-add rows)."""
+        live = [(key, self._vectors[row].copy(), self._terms_of[row]) for key, row in self._row_of.items()]
+        self.__init__(self.dim, dense_weight=self.dense_weight, hnsw_threshold=self.hnsw_threshold,  # type: ignore[misc]
+                      ef=self._ef, m=self._m)
+        self.add_many(live)
+
+    def _build_hnsw(self) -> None:
+        index = hnswlib.Index(space="ip", dim=self.dim)
+        index.init_index(max_elements=max(2 * len(self._keys), 1024), ef_construction=100, M=self._m)
+        index.set_ef(self._ef)
+        self._hnsw = index
+        rows = np.flatnonzero(self._alive[: len(self._keys)])
+        self._hnsw_add(rows.tolist())
+
+    def _hnsw_add(self, rows: list[int]) -> None:
+        assert self._hnsw is not None
+        needed = max(rows) + 1 if rows else 0
+        if needed > self._hnsw.get_max_elements():
+            self._hnsw.resize_index(max(needed * 2, 1024))
+        if rows:
+            self._hnsw.add_items(self._vectors[rows], np.asarray(rows, np.int64), num_threads=1)
+
+    # ------------------------------------------------------------------ reads
+    def _lexical(self, terms: Iterable[str]) -> np.ndarray:
+        n_rows = len(self._keys)
+        acc = np.zeros(n_rows, np.float32)
+        n_docs = max(len(self._row_of), 1)
+        avg_len = max(self._total_len / n_docs, 1.0)
+        for t in set(terms):
+            posting = self._postings.get(t)
+            if posting is None:
+                continue
+            arrays = self._posting_arrays.get(t)
+            if arrays is None:
+                arrays = self._posting_arrays[t] = (np.asarray(posting[0], np.int64),
+                                                    np.asarray(posting[1], np.float32))
+            rows, tfs = arrays
+            df = self._df.get(t, 0)
+            idf = math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
+            norm = BM25_K1 * (1.0 - BM25_B + BM25_B * self._doc_len[rows] / avg_len)
+            np.add.at(acc, rows, idf * tfs * (BM25_K1 + 1.0) / (tfs + norm))
+        return acc
+
+    def search(self, vector: np.ndarray | None, terms: Sequence[str], k: int) -> list[Hit]:
+        """Top k rows by fused score: dense_weight * cosine + (1 - dense_weight) * squashed BM25."""
+        n_rows = len(self._keys)
+        if not self._row_of or k <= 0:
+            return []
+        lexical = self._lexical(terms) if terms else np.zeros(n_rows, np.float32)
+        lexical = lexical / (lexical + LEXICAL_HALF)
+        alive = self._alive[:n_rows]
+        if vector is None or not np.any(vector):
+            dense_rows = np.zeros(0, np.int64)
+            dense_of = None
+        elif self._hnsw is None:
+            dense_of = self._vectors[:n_rows] @ vector
+            dense_rows = None
+        else:
+            want = min(k * 4, len(self._row_of))
+            self._hnsw.set_ef(max(self._ef, want))
+            labels, _ = self._hnsw.knn_query(vector, k=want, num_threads=1)
+            dense_rows = labels[0].astype(np.int64)
+            dense_of = None
+        w = self.dense_weight
+        if dense_of is not None:  # exact: every row has a dense score
+            fused = np.where(alive, w * dense_of + (1 - w) * lexical, -np.inf)
+            top = _top_k(fused, k)
+            return [Hit(self._keys[r], float(fused[r]), float(dense_of[r]), float(lexical[r])) for r in top
+                    if np.isfinite(fused[r])]
+        lex_rows = _top_k(np.where(alive, lexical, -np.inf), k * 4)
+        lex_rows = lex_rows[lexical[lex_rows] > 0]
+        rows = np.unique(np.concatenate([dense_rows, lex_rows])) if len(dense_rows) else lex_rows
+        rows = rows[alive[rows]]
+        if len(rows) == 0:
+            return []
+        dense = self._vectors[rows] @ vector if vector is not None and np.any(vector) else np.zeros(len(rows))
+        fused = w * dense + (1 - w) * lexical[rows]
+        order = np.argsort(-fused, kind="stable")[:k]
+        return [Hit(self._keys[rows[i]], float(fused[i]), float(dense[i]), float(lexical[rows[i]])) for i in order]
+
+
+def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    if len(scores) <= k:
+        return np.argsort(-scores, kind="stable")
+    part = np.argpartition(-scores, k)[:k]
+    return part[np.argsort(-scores[part], kind="stable")]

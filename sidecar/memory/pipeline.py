@@ -1,0 +1,64 @@
+"""The after-turn memory job: turns -> skip small talk -> extract -> filter -> write (merge,
+supersede, create). Every rejection is counted by its reason in the job's result."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+from sidecar.domain import Authority, Job, MemoryType, Scope
+from sidecar.memory.extract import Extractor, MemoryCandidate
+from sidecar.memory.filters import filter_candidates, is_low_information
+from sidecar.memory.service import MemoryInput, MemoryService
+from sidecar.secrets import contains_secret, redact
+from sidecar.textmodel import Turn
+
+EXTRACT_JOB = "extract_memories"
+REDACTION_MARK = "[REDACTED:"
+_TYPES = {"preference": MemoryType.PREFERENCE, "episode": MemoryType.EPISODE, "habit": MemoryType.HABIT,
+          "semantic": MemoryType.SEMANTIC}
+_AUTHORITIES = {"USER_STATED": Authority.USER_STATED, "TOOL_VERIFIED": Authority.TOOL_VERIFIED,
+                "INFERRED": Authority.INFERRED}
+
+
+class ExtractionPipeline:
+    def __init__(self, store, memories: MemoryService, extractor: Extractor, *, min_confidence: float = 0.7) -> None:
+        self.store = store
+        self.memories = memories
+        self.extractor = extractor
+        self.min_confidence = min_confidence
+
+    def handle(self, job: Job) -> dict[str, str]:
+        scope = Scope(job.tenant_id, job.user_id)
+        session_id = job.payload["session_id"]
+        messages = self.store.get_messages(scope, session_id, job.payload["message_ids"])
+        return {k: str(v) for k, v in self.run(scope, [
+            Turn(message_id=m.message_id, role=m.role.label, text=m.text, speaker=m.speaker or None,
+                 timestamp_ms=m.timestamp_ms) for m in messages]).items()}
+
+    def run(self, scope: Scope, turns: list[Turn]) -> Counter:
+        counts: Counter = Counter(turns=len(turns))
+        useful = [t for t in turns if not is_low_information(t.text)]
+        counts["skipped_low_information_turns"] = len(turns) - len(useful)
+        if not useful:
+            return counts
+        # Secrets are cut out before extraction, so no fragment of one can reach a memory; a candidate
+        # that would carry the redaction marker is refused as a secret.
+        useful = [replace(t, text=redact(t.text)) if contains_secret(t.text) else t for t in useful]
+        candidates = self.extractor.extract(useful)
+        counts["rejected_secret"] += sum(REDACTION_MARK in c.content for c in candidates)
+        candidates = [c for c in candidates if REDACTION_MARK not in c.content]
+        result = filter_candidates(candidates, min_confidence=self.min_confidence,
+                                   source_texts={t.message_id: t.text for t in turns})
+        for _, reason in result.rejected:
+            counts[f"rejected_{reason}"] += 1
+        for cand in result.accepted:
+            written = self.memories.write(scope, to_input(cand))
+            counts[written.outcome if written.outcome != "rejected" else f"rejected_{written.reason}"] += 1
+        return counts
+
+
+def to_input(cand: MemoryCandidate) -> MemoryInput:
+    return MemoryInput(type=_TYPES[cand.type], content=cand.content, subject=cand.subject,
+                       source_message_ids=list(cand.source_message_ids), confidence=float(cand.confidence),
+                       authority=_AUTHORITIES[cand.authority])

@@ -1,0 +1,71 @@
+"""Per-user memory state in process: the hybrid index, the active rows, the subject map used to
+find conflicts, and who superseded whom. Built from rows on first use, updated on every write."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sidecar.domain import Authority, Memory, MemoryType, Scope
+from sidecar.index.hybrid import HybridIndex
+from sidecar.text import terms
+
+# A user-stated memory outranks an inferred one at equal relevance.
+AUTHORITY_BONUS = {Authority.USER_STATED: 0.05, Authority.TOOL_VERIFIED: 0.03, Authority.INFERRED: 0.0}
+
+
+@dataclass(slots=True)
+class ScoredMemory:
+    memory: Memory
+    score: float
+    dense: float
+    lexical: float
+
+
+@dataclass
+class UserMemories:
+    index: HybridIndex
+    active: dict[str, Memory] = field(default_factory=dict)
+    by_subject: dict[tuple[MemoryType, str], set[str]] = field(default_factory=dict)
+    # successor id -> ids it superseded (so BuildContext can say why the old ones are absent)
+    superseded: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, memory: Memory, vector: np.ndarray) -> None:
+        self.active[memory.memory_id] = memory
+        if memory.subject:
+            self.by_subject.setdefault((memory.type, memory.subject), set()).add(memory.memory_id)
+        self.index.add(memory.memory_id, vector, terms(memory.content))
+
+    def remove(self, memory_id: str) -> bool:
+        memory = self.active.pop(memory_id, None)
+        if memory is None:
+            return False
+        if memory.subject:
+            self.by_subject.get((memory.type, memory.subject), set()).discard(memory_id)
+        return self.index.remove(memory_id)
+
+    def same_subject(self, type_: MemoryType, subject: str) -> list[Memory]:
+        return [self.active[i] for i in sorted(self.by_subject.get((type_, subject), ())) if i in self.active]
+
+    def search(self, vector: np.ndarray | None, query: str, k: int, *, now_ms: int,
+               types: Sequence[MemoryType] = (), min_score: float = float("-inf"),
+               include_expired: bool = False) -> list[ScoredMemory]:
+        wanted = set(types)
+        # Over-fetch: type and expiry filters run after the index.
+        hits = self.index.search(vector, terms(query), k * 3 + 8)
+        out = []
+        for h in hits:
+            m = self.active.get(h.key)
+            if m is None or (wanted and m.type not in wanted) or (m.expired(now_ms) and not include_expired):
+                continue
+            score = h.score + AUTHORITY_BONUS[m.authority]
+            if score >= min_score:
+                out.append(ScoredMemory(m, score, h.dense, h.lexical))
+        out.sort(key=lambda s: (-s.score, s.memory.memory_id))
+        return out[:k]
+
+
+def scope_key(scope: Scope) -> tuple[str, str]:
+    return scope.tenant_id, scope.user_id

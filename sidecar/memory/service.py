@@ -1,0 +1,246 @@
+"""Long-term memory: the write path (filters -> merge near-duplicates -> supersede conflicts ->
+store + index in the same call), recall, user edits, deletion and forget-user."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from sidecar import tokens
+from sidecar.clock import now_ms
+from sidecar.domain import Authority, Memory, MemoryChange, MemoryStatus, MemoryType, Scope
+from sidecar.errors import FailedPrecondition, InvalidArgument, NotFound
+from sidecar.ids import check_id, check_text, new_id
+from sidecar.index.embedders import Embedder, client_vector
+from sidecar.index.hybrid import HybridIndex
+from sidecar.memory.filters import near_duplicate
+from sidecar.memory.recall import ScoredMemory, UserMemories, scope_key
+from sidecar.secrets import contains_secret, looks_like_raw_log
+from sidecar.services.sessions import check_page_size, decode_page_token
+
+MAX_CONTENT = 8 * 1024
+# Cosine above which two memories are the same statement (merged, not stored twice).
+MERGE_COSINE = 0.92
+
+
+@dataclass(slots=True)
+class MemoryInput:
+    type: MemoryType
+    content: str
+    subject: str = ""
+    source_message_ids: Sequence[str] = ()
+    confidence: float = 1.0
+    authority: Authority = Authority.USER_STATED
+    expires_at_ms: int = 0
+    embedding: np.ndarray | None = None
+
+
+@dataclass(slots=True)
+class WriteResult:
+    outcome: str  # "created" | "merged" | "superseded_older" | "rejected"
+    memory: Memory | None
+    superseded_id: str = ""
+    reason: str = ""
+
+
+def normalise_subject(subject: str) -> str:
+    return " ".join(subject.lower().split())[:128]
+
+
+def render_memory(content: str) -> str:
+    return f"- {content}"
+
+
+class MemoryService:
+    def __init__(self, store, embedder: Embedder, *, on_forget=None) -> None:
+        self.store = store
+        self.embedder = embedder
+        self._users: dict[tuple[str, str], UserMemories] = {}
+        self._lock = threading.RLock()
+        self._on_forget = on_forget or []
+
+    # ------------------------------------------------------------------ state
+    def user(self, scope: Scope) -> UserMemories:
+        key = scope_key(scope)
+        with self._lock:
+            state = self._users.get(key)
+            if state is None:
+                state = UserMemories(HybridIndex(self.embedder.dim))
+                rows = self.store.active_memories_with_embeddings(scope)
+                for memory, blob in rows:
+                    state.add(memory, np.frombuffer(blob, np.float32))
+                for old_id, new_id_ in self.store.superseded_pairs(scope):
+                    state.superseded.setdefault(new_id_, []).append(old_id)
+                self._users[key] = state
+            return state
+
+    def _vector(self, text: str, given: np.ndarray | None) -> np.ndarray:
+        if given is not None:
+            return given
+        return self.embedder.embed([text])[0]
+
+    # ------------------------------------------------------------------ write path
+    def write(self, scope: Scope, inp: MemoryInput) -> WriteResult:
+        """Store one candidate that passed the filters: merge, supersede or create."""
+        if contains_secret(inp.content):
+            return WriteResult("rejected", None, reason="secret")
+        if looks_like_raw_log(inp.content):
+            return WriteResult("rejected", None, reason="raw_log")
+        at = now_ms()
+        subject = normalise_subject(inp.subject)
+        vector = self._vector(inp.content, inp.embedding)
+        with self._lock:
+            state = self.user(scope)
+            twin = self._near_duplicate(state, inp, vector, at)
+            if twin is not None:
+                merged = replace(
+                    twin, source_message_ids=sorted(set(twin.source_message_ids) | set(inp.source_message_ids)),
+                    confidence=min(1.0, max(twin.confidence, inp.confidence) + 0.05),
+                    authority=min(twin.authority, inp.authority), updated_at_ms=at,
+                    expires_at_ms=max(twin.expires_at_ms, inp.expires_at_ms) if twin.expires_at_ms else 0)
+                self.store.put_memories(scope, [(merged, self._blob(state, twin.memory_id))],
+                                        [MemoryChange(merged, "merge", "near duplicate of a new statement", at)])
+                state.active[merged.memory_id] = merged
+                return WriteResult("merged", merged)
+
+            older = state.same_subject(inp.type, subject) if subject else []
+            if any(o.authority == Authority.USER_STATED for o in older) and inp.authority == Authority.INFERRED:
+                return WriteResult("rejected", None, reason="outranked_by_user_stated")
+            memory = Memory(memory_id=new_id("mem"), type=inp.type, content=inp.content, subject=subject,
+                            source_message_ids=sorted(set(inp.source_message_ids)), confidence=inp.confidence,
+                            authority=inp.authority, created_at_ms=at, updated_at_ms=at,
+                            expires_at_ms=inp.expires_at_ms,
+                            tokens=tokens.count_tokens(render_memory(inp.content)) + 1)
+            rows = [(memory, vector.astype(np.float32).tobytes())]
+            changes = [MemoryChange(memory, "create", "", at)]
+            for o in older:
+                old = replace(o, status=MemoryStatus.SUPERSEDED, superseded_by=memory.memory_id, updated_at_ms=at)
+                rows.append((old, self._blob(state, o.memory_id)))
+                changes.append(MemoryChange(old, "supersede", f"replaced by {memory.memory_id} on {subject!r}", at))
+            self.store.put_memories(scope, rows, changes)
+            for o in older:
+                state.remove(o.memory_id)
+                state.superseded.setdefault(memory.memory_id, []).append(o.memory_id)
+            state.add(memory, vector)
+            if older:
+                return WriteResult("superseded_older", memory, superseded_id=older[0].memory_id)
+            return WriteResult("created", memory)
+
+    @staticmethod
+    def _blob(state: UserMemories, memory_id: str) -> bytes:
+        return state.index.vector(memory_id).astype(np.float32).tobytes()
+
+    def _near_duplicate(self, state: UserMemories, inp: MemoryInput, vector: np.ndarray, at: int) -> Memory | None:
+        for hit in state.search(vector, inp.content, 5, now_ms=at, include_expired=True):
+            m = hit.memory
+            if m.type == inp.type and (hit.dense >= MERGE_COSINE or near_duplicate(m.content, inp.content)):
+                return m
+        return None
+
+    # ------------------------------------------------------------------ API
+    def add(self, scope: Scope, inp: MemoryInput) -> WriteResult:
+        check_text(inp.content, "content", MAX_CONTENT, required=True)
+        check_text(inp.subject, "subject", 256)
+        if not 0.0 <= inp.confidence <= 1.0:
+            raise InvalidArgument(f"confidence must be within 0-1 (got {inp.confidence})")
+        if inp.expires_at_ms < 0:
+            raise InvalidArgument("expires_at_ms must not be negative")
+        for i, mid in enumerate(inp.source_message_ids):
+            check_id(mid, f"source_message_ids[{i}]")
+        if inp.embedding is not None:
+            inp.embedding = client_vector(inp.embedding, self.embedder.dim, "embedding")
+        result = self.write(scope, inp)
+        if result.outcome == "rejected":
+            raise InvalidArgument(f"content was rejected: {result.reason.replace('_', ' ')}")
+        return result
+
+    def search(self, scope: Scope, query: str, embedding: Sequence[float] | None, types: Sequence[MemoryType],
+               top_k: int, min_score: float) -> list[ScoredMemory]:
+        check_text(query, "query", 64 * 1024)
+        if top_k < 0 or top_k > 100:
+            raise InvalidArgument(f"top_k must be 0-100 (got {top_k})")
+        vector = (client_vector(embedding, self.embedder.dim, "query_embedding") if embedding
+                  else self.embedder.embed([query])[0] if query.strip() else None)
+        if vector is None and not query.strip():
+            raise InvalidArgument("query or query_embedding is required")
+        with self._lock:
+            return self.user(scope).search(vector, query, top_k or 10, now_ms=now_ms(), types=types,
+                                           min_score=min_score if min_score else float("-inf"))
+
+    def list(self, scope: Scope, page_size: int, page_token: str, types: Sequence[MemoryType],
+             include_inactive: bool) -> tuple[list[Memory], str]:
+        size = check_page_size(page_size)
+        offset = decode_page_token(page_token)
+        rows = self.store.list_memories(scope, limit=size + 1, offset=offset, types=[int(t) for t in types],
+                                        include_inactive=include_inactive, now_ms=now_ms())
+        return rows[:size], (str(offset + size) if len(rows) > size else "")
+
+    def get(self, scope: Scope, memory_id: str) -> Memory:
+        check_id(memory_id, "memory_id")
+        memory = self.store.get_memory(scope, memory_id)
+        if memory is None:
+            raise NotFound(f"memory_id {memory_id!r} not found for this tenant and user")
+        return memory
+
+    def update(self, scope: Scope, memory_id: str, *, content: str | None, confidence: float | None,
+               expires_at_ms: int | None, type_: MemoryType | None) -> Memory:
+        if content is not None:
+            check_text(content, "content", MAX_CONTENT, required=True)
+            if contains_secret(content):
+                raise InvalidArgument("content was rejected: secret")
+        if confidence is not None and not 0.0 <= confidence <= 1.0:
+            raise InvalidArgument(f"confidence must be within 0-1 (got {confidence})")
+        if expires_at_ms is not None and expires_at_ms < 0:
+            raise InvalidArgument("expires_at_ms must not be negative")
+        at = now_ms()
+        with self._lock:
+            current = self.get(scope, memory_id)
+            if current.status != MemoryStatus.ACTIVE:
+                raise FailedPrecondition(f"memory_id {memory_id!r} is {current.status.name.lower()}; only an "
+                                         "active memory can be edited")
+            new_content = current.content if content is None else content
+            updated = replace(
+                current, content=new_content, confidence=current.confidence if confidence is None else confidence,
+                expires_at_ms=current.expires_at_ms if expires_at_ms is None else expires_at_ms,
+                type=current.type if type_ is None else type_, updated_at_ms=at, authority=Authority.USER_STATED,
+                tokens=tokens.count_tokens(render_memory(new_content)) + 1)
+            vector = self.embedder.embed([new_content])[0]
+            self.store.put_memories(scope, [(updated, vector.tobytes())],
+                                    [MemoryChange(updated, "update", "edited by the user", at)])
+            state = self.user(scope)
+            state.remove(memory_id)
+            state.add(updated, vector)
+            return updated
+
+    def delete(self, scope: Scope, memory_id: str) -> None:
+        at = now_ms()
+        with self._lock:
+            current = self.get(scope, memory_id)
+            tombstone = replace(current, content="", subject="", source_message_ids=[],
+                                status=MemoryStatus.DELETED, updated_at_ms=at)
+            self.store.delete_memory(scope, memory_id, MemoryChange(tombstone, "delete", "deleted by the user", at))
+            self.user(scope).remove(memory_id)
+
+    def history(self, scope: Scope, memory_id: str) -> list[MemoryChange]:
+        check_id(memory_id, "memory_id")
+        changes = self.store.memory_history(scope, memory_id)
+        if not changes:
+            raise NotFound(f"memory_id {memory_id!r} not found for this tenant and user")
+        return changes
+
+    def forget_user(self, scope: Scope) -> dict[str, int]:
+        with self._lock:
+            state = self._users.pop(scope_key(scope), None)
+            index_entries = len(state.index) if state else len(self.store.active_memories_with_embeddings(scope))
+            counts = self.store.forget_user(scope)
+            counts["memory_index"] = index_entries
+            for hook in self._on_forget:
+                counts.update(hook(scope))
+            return counts
+
+    def indexed_ids(self, scope: Scope) -> list[str]:
+        with self._lock:
+            return sorted(self.user(scope).index.keys())

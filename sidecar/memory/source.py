@@ -1,0 +1,62 @@
+"""Long-term memories as BuildContext candidates (category memories, source tag memory:<id>).
+The user's preferences always compete; other memories only when they match the query."""
+
+from __future__ import annotations
+
+from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory, SourceDrop
+from sidecar.domain import MemoryType
+from sidecar.memory.recall import AUTHORITY_BONUS
+from sidecar.memory.service import MemoryService, render_memory
+
+TOP_K = 24
+MIN_RELEVANCE = 0.12
+PREFERENCE_FLOOR = 0.3
+DROP_EXPIRED, DROP_SUPERSEDED = 5, 6
+
+
+class MemorySource:
+    name = "memories"
+
+    def __init__(self, memories: MemoryService) -> None:
+        self.memories = memories
+
+    def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
+        batch = CandidateBatch(category=SoftCategory.MEMORIES, section=Section.MEMORIES)
+        if inp.budget.memories <= 0:
+            return [batch]
+        with self.memories._lock:
+            state = self.memories.user(inp.scope)
+            if not state.active:
+                return [batch]
+            vector = (inp.query_embedding if inp.query_embedding is not None and
+                      inp.query_embedding.shape == (self.memories.embedder.dim,)
+                      else self.memories.embedder.embed([inp.query])[0] if inp.query else None)
+            hits = {h.memory.memory_id: h for h in state.search(vector, inp.query, TOP_K, now_ms=inp.now_ms,
+                                                                  include_expired=True)}
+            prefs = [m for m in state.active.values() if m.type == MemoryType.PREFERENCE]
+            superseded = dict(state.superseded)
+        picked = []
+        for h in hits.values():
+            if h.memory.expired(inp.now_ms):
+                batch.dropped.append(SourceDrop(f"memory:{h.memory.memory_id}", SoftCategory.MEMORIES, DROP_EXPIRED,
+                                                h.memory.tokens))
+            elif h.memory.type == MemoryType.PREFERENCE:
+                picked.append((h.memory, max(h.score, PREFERENCE_FLOOR + AUTHORITY_BONUS[h.memory.authority])))
+            elif h.score >= MIN_RELEVANCE:
+                picked.append((h.memory, h.score))
+        for m in prefs:
+            if m.memory_id not in hits and not m.expired(inp.now_ms):
+                picked.append((m, PREFERENCE_FLOOR + AUTHORITY_BONUS[m.authority]))
+        for m, _ in picked:
+            for old in superseded.get(m.memory_id, ()):
+                batch.dropped.append(SourceDrop(f"memory:{old}", SoftCategory.MEMORIES, DROP_SUPERSEDED, 0,
+                                                kept_source=f"memory:{m.memory_id}"))
+        batch.texts = [render_memory(m.content) for m, _ in picked]
+        batch.sources = [f"memory:{m.memory_id}" for m, _ in picked]
+        batch.tokens = [m.tokens for m, _ in picked]
+        batch.relevance = [score for _, score in picked]
+        batch.age_s = [max(inp.now_ms - m.updated_at_ms, 0) / 1000.0 for m, _ in picked]
+        batch.priority = [0.1 * m.confidence for m, _ in picked]
+        metas = [(0, m.updated_at_ms, None, tuple(m.source_message_ids)) for m, _ in picked]
+        batch.meta = metas.__getitem__
+        return [batch]
