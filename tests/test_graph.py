@@ -1,0 +1,247 @@
+"""EdgeIndex traversal: chains in both directions, cycles, filters, validity windows, incremental
+updates, neighbourhood bounds, and (hypothesis) agreement with a brute-force path enumeration."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.knowledge.graph import EdgeIndex, Path, is_valid_at, render_path
+
+NOW = 1_700_000_000_000
+
+
+@dataclass(frozen=True)
+class E:
+    edge_id: str
+    subject: str
+    relation: str
+    object: str
+    valid_from_ms: int = 0
+    valid_to_ms: int = 0
+    source: str = "test"
+
+
+CHAIN = [
+    E("e1", "checkout-web", "calls", "payment-api"),
+    E("e2", "payment-api", "depends_on", "payment-db"),
+    E("e3", "payment-db", "backed_by", "ebs-volume"),
+    E("e4", "mobile-app", "calls", "payment-api"),
+]
+
+
+def rendered(paths: list[Path]) -> list[str]:
+    return [render_path(p) for p in paths]
+
+
+def test_three_hop_chain_out() -> None:
+    index = EdgeIndex(CHAIN)
+    assert rendered(index.paths("checkout-web", max_hops=3, at_ms=NOW)) == [
+        "checkout-web --calls--> payment-api",
+        "checkout-web --calls--> payment-api --depends_on--> payment-db",
+        "checkout-web --calls--> payment-api --depends_on--> payment-db --backed_by--> ebs-volume",
+    ]
+    path = index.paths("checkout-web", max_hops=3, at_ms=NOW)[-1]
+    assert path.entities == ["checkout-web", "payment-api", "payment-db", "ebs-volume"]
+    assert [e.edge_id for e in path.edges] == ["e1", "e2", "e3"]
+    assert rendered(index.paths("checkout-web", max_hops=1, at_ms=NOW)) == [
+        "checkout-web --calls--> payment-api"
+    ]
+
+
+def test_impact_walks_in_direction() -> None:
+    # What breaks if ebs-volume is down? Everything that (transitively) points at it.
+    index = EdgeIndex(CHAIN)
+    paths = index.paths("ebs-volume", max_hops=3, direction="in", at_ms=NOW)
+    assert [p.entities for p in paths] == [
+        ["ebs-volume", "payment-db"],
+        ["ebs-volume", "payment-db", "payment-api"],
+        ["ebs-volume", "payment-db", "payment-api", "checkout-web"],
+        ["ebs-volume", "payment-db", "payment-api", "mobile-app"],
+    ]
+    assert render_path(paths[2]) == (
+        "ebs-volume <--backed_by-- payment-db <--depends_on-- payment-api <--calls-- checkout-web"
+    )
+    assert index.paths("checkout-web", max_hops=3, direction="in", at_ms=NOW) == []
+
+
+def test_both_directions_mix_steps() -> None:
+    index = EdgeIndex(CHAIN)
+    assert rendered(index.paths("checkout-web", max_hops=2, direction="both", at_ms=NOW)) == [
+        "checkout-web --calls--> payment-api",
+        "checkout-web --calls--> payment-api <--calls-- mobile-app",
+        "checkout-web --calls--> payment-api --depends_on--> payment-db",
+    ]
+
+
+def test_cycle_does_not_loop() -> None:
+    index = EdgeIndex(
+        [
+            E("a", "svc-a", "calls", "svc-b"),
+            E("b", "svc-b", "calls", "svc-c"),
+            E("c", "svc-c", "calls", "svc-a"),
+        ]
+    )
+    for direction in ("out", "in", "both"):
+        for path in index.paths("svc-a", max_hops=3, direction=direction, at_ms=NOW):
+            assert len(set(path.entities)) == len(path.entities)
+    assert [p.entities for p in index.paths("svc-a", max_hops=3, at_ms=NOW)] == [
+        ["svc-a", "svc-b"],
+        ["svc-a", "svc-b", "svc-c"],
+    ]
+    # A self-loop is never a path either.
+    assert EdgeIndex([E("s", "svc-a", "calls", "svc-a")]).paths("svc-a", direction="both", at_ms=NOW) == []
+
+
+def test_relation_filter() -> None:
+    index = EdgeIndex(CHAIN)
+    assert rendered(
+        index.paths("payment-api", relations={"depends_on", "backed_by"}, max_hops=3, at_ms=NOW)
+    ) == [
+        "payment-api --depends_on--> payment-db",
+        "payment-api --depends_on--> payment-db --backed_by--> ebs-volume",
+    ]
+    assert index.paths("payment-api", relations={"calls"}, at_ms=NOW) == []
+    assert len(index.paths("payment-api", relations={"calls"}, direction="in", at_ms=NOW)) == 2
+
+
+def test_validity_window() -> None:
+    retired = E("old", "payment-api", "depends_on", "mysql", valid_from_ms=100, valid_to_ms=200)
+    future = E("new", "payment-api", "depends_on", "postgres", valid_from_ms=200)
+    index = EdgeIndex([retired, future])
+    assert not is_valid_at(retired, 99) and is_valid_at(retired, 100) and is_valid_at(retired, 199)
+    assert not is_valid_at(retired, 200), "valid_to_ms is exclusive"
+    assert [p.entities[-1] for p in index.paths("payment-api", at_ms=150)] == ["mysql"]
+    assert [p.entities[-1] for p in index.paths("payment-api", at_ms=200)] == ["postgres"]
+    assert index.paths("payment-api", at_ms=50) == []
+
+
+def test_incremental_add_replace_remove() -> None:
+    index = EdgeIndex()
+    index.add(E("x", "svc-a", "calls", "svc-b"))
+    index.add(E("y", "svc-b", "calls", "svc-c"))
+    assert len(index) == 2 and "x" in index
+    index.add(E("x", "svc-a", "uses", "svc-d"))  # same id replaces, old adjacency gone
+    assert rendered(index.paths("svc-a", at_ms=NOW)) == ["svc-a --uses--> svc-d"]
+    assert index.paths("svc-b", direction="in", at_ms=NOW) == []
+    assert index.remove("y") and not index.remove("y")
+    assert index.paths("svc-b", at_ms=NOW) == [] and len(index) == 1
+    assert index.get("x").object == "svc-d"
+
+
+def test_parallel_edges_are_separate_paths_in_a_stable_order() -> None:
+    index = EdgeIndex([E("2", "svc-a", "uses", "svc-b"), E("1", "svc-a", "calls", "svc-b")])
+    assert rendered(index.paths("svc-a", at_ms=NOW)) == ["svc-a --calls--> svc-b", "svc-a --uses--> svc-b"]
+
+
+def test_arguments_are_checked() -> None:
+    index = EdgeIndex(CHAIN)
+    for hops in (0, 4):
+        with pytest.raises(ValueError):
+            index.paths("payment-api", max_hops=hops, at_ms=NOW)
+    with pytest.raises(ValueError):
+        index.paths("payment-api", direction="sideways", at_ms=NOW)  # type: ignore[arg-type]
+
+
+def star(n: int) -> list[E]:
+    edges = [E(f"in{i}", f"client-{i:03}", "calls", "hub") for i in range(n)]
+    return edges + [E(f"out{i}", "hub", "depends_on", f"dep-{i:03}") for i in range(n)]
+
+
+def test_limit_keeps_the_shortest_paths() -> None:
+    index = EdgeIndex(star(40))
+    paths = index.paths("hub", max_hops=3, direction="both", at_ms=NOW, limit=50)
+    assert len(paths) == 50
+    assert [p.hops for p in paths] == [1] * 50
+    assert paths == index.paths("hub", max_hops=3, direction="both", at_ms=NOW)[:50]
+
+
+def test_neighbourhood_is_bounded_deduplicated_and_shortest_first() -> None:
+    index = EdgeIndex(CHAIN + star(30))
+    paths = index.neighbourhood(
+        ["payment-api", "payment-db", "payment-api", "unknown"], max_hops=2, limit=6, at_ms=NOW
+    )
+    assert len(paths) == 6
+    assert [p.hops for p in paths] == sorted(p.hops for p in paths)
+    # payment-api's direct edges come first, then payment-db's new ones; e2 (between the two seeds)
+    # is reported once although both seeds reach it.
+    assert rendered(paths[:4]) == [
+        "payment-api <--calls-- checkout-web",
+        "payment-api <--calls-- mobile-app",
+        "payment-api --depends_on--> payment-db",
+        "payment-db --backed_by--> ebs-volume",
+    ]
+    edge_sets = [frozenset(e.edge_id for e in p.edges) for p in paths]
+    assert len(edge_sets) == len(set(edge_sets))
+    # Unbounded, the two seeds have 7 distinct paths: 4 from payment-api, 3 more from payment-db.
+    assert len(index.neighbourhood(["payment-api", "payment-db"], limit=50, at_ms=NOW)) == 7
+    assert len(index.neighbourhood(["hub"], max_hops=2, limit=50, at_ms=NOW)) == 50
+    assert index.neighbourhood(["nobody"], at_ms=NOW) == []
+
+
+ENTITIES = ["a", "b", "c", "d", "e"]
+EDGES = st.lists(
+    st.tuples(
+        st.sampled_from(ENTITIES),
+        st.sampled_from(["calls", "uses"]),
+        st.sampled_from(ENTITIES),
+        st.sampled_from([0, 100]),
+        st.sampled_from([0, 150, 300]),
+    ),
+    max_size=12,
+)
+
+
+def brute_force(edges: list[E], start: str, relations, max_hops: int, direction: str, at_ms: int) -> set:
+    """Every edge sequence that forms a simple walk from start, by exhaustive enumeration."""
+    usable = [e for e in edges if (relations is None or e.relation in relations) and is_valid_at(e, at_ms)]
+    found = set()
+    for hops in range(1, max_hops + 1):
+        for seq in itertools.product(usable, repeat=hops):
+            walk = [start]
+            for edge in seq:
+                here = walk[-1]
+                if direction != "in" and edge.subject == here:
+                    walk.append(edge.object)
+                elif direction != "out" and edge.object == here:
+                    walk.append(edge.subject)
+                else:
+                    break
+            if len(walk) == hops + 1 and len(set(walk)) == len(walk):
+                found.add((tuple(walk), tuple(e.edge_id for e in seq)))
+    return found
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    raw=EDGES,
+    start=st.sampled_from(ENTITIES),
+    relations=st.sampled_from([None, {"calls"}, {"uses"}]),
+    max_hops=st.integers(1, 3),
+    direction=st.sampled_from(["out", "in", "both"]),
+    at_ms=st.sampled_from([50, 120, 200, 400]),
+)
+def test_paths_are_simple_connected_bounded_and_complete(
+    raw, start, relations, max_hops, direction, at_ms
+) -> None:
+    edges = [E(f"e{i}", s, r, o, f, t) for i, (s, r, o, f, t) in enumerate(raw)]
+    paths = EdgeIndex(edges).paths(
+        start, relations=relations, max_hops=max_hops, direction=direction, at_ms=at_ms
+    )
+    for path in paths:
+        assert 1 <= path.hops <= max_hops and len(path.entities) == path.hops + 1
+        assert path.entities[0] == start and len(set(path.entities)) == len(path.entities)
+        for here, there, edge in zip(path.entities, path.entities[1:], path.edges, strict=False):
+            forward = (edge.subject, edge.object) == (here, there)
+            backward = (edge.object, edge.subject) == (here, there)
+            assert (forward and direction != "in") or (backward and direction != "out")
+            assert is_valid_at(edge, at_ms) and (relations is None or edge.relation in relations)
+    keys = [(p.hops, p.entities) for p in paths]
+    assert keys == sorted(keys)
+    got = {(tuple(p.entities), tuple(e.edge_id for e in p.edges)) for p in paths}
+    assert len(got) == len(paths)
+    assert got == brute_force(edges, start, relations, max_hops, direction, at_ms)
