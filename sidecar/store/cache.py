@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,9 @@ class CachingStore:
         self.backend = backend
         self._views: OrderedDict[tuple[str, str, str], SessionView] = OrderedDict()
         self._lock = threading.RLock()
+        # Called after every committed append with (scope, session_id, new messages): derived
+        # indexes (episodic recall) stay current without polling the database.
+        self.append_listeners: list[Callable[[Scope, str, list[Message]], None]] = []
 
     def __getattr__(self, name: str) -> Any:
         # Everything not cached here (runs, jobs, ...) goes straight to the backend.
@@ -145,10 +148,14 @@ class CachingStore:
         with self._lock:
             view = self.session_view(scope, session_id)
             stored = self.backend.append_messages(scope, session_id, messages, token_counts, now_ms)
+            fresh = stored
             if view is not None:
                 last = view.messages[-1].seq if view.messages else 0
-                view.add_messages([m for m in stored if m.seq > last])
+                fresh = [m for m in stored if m.seq > last]
+                view.add_messages(fresh)
                 view.session.updated_at_ms = now_ms
+            for listener in self.append_listeners:
+                listener(scope, session_id, fresh)
             return stored
 
     def write_facts(self, scope: Scope, session_id: str, upserts: Sequence[Fact], deletes: Sequence[tuple[str, int]],
