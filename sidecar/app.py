@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from sidecar.assembly.builder import ContextBuilder
 from sidecar.assembly.message_source import MessageSource
+from sidecar.compress.service import SUMMARY_JOB, CompressionService, CompressionSettings
+from sidecar.compress.sources import SummarySource, ToolObservationSource, pinned_items
 from sidecar.index.embedders import Embedder, make_embedder
 from sidecar.jobs import JobWorker
 from sidecar.llm import ChatClient
@@ -29,6 +31,7 @@ class Settings:
     embedder: str = "hash"
     min_confidence: float = 0.7
     job_poll_s: float = 1.0
+    compression: CompressionSettings = CompressionSettings()
 
 
 def default_extractor() -> Extractor:
@@ -49,9 +52,17 @@ class Sidecar:
         self.memories = MemoryService(self.store, self.embedder, on_forget=[self._evict_user])
         self.extraction = ExtractionPipeline(self.store, self.memories, extractor or default_extractor(),
                                              min_confidence=settings.min_confidence)
-        self.worker = JobWorker(self.store, {EXTRACT_JOB: self.extraction.handle}, poll_s=settings.job_poll_s)
-        self.turns = TurnService(self.sessions, self.worker, [EXTRACT_JOB])
-        self.builder = ContextBuilder(self.sessions, [MessageSource(), MemorySource(self.memories)])
+        self.compression = CompressionService(self.sessions, self.facts, settings.compression)
+        self.worker = JobWorker(self.store, {EXTRACT_JOB: self.extraction.handle,
+                                             SUMMARY_JOB: self.compression.handle_summary_job},
+                                poll_s=settings.job_poll_s)
+        # A sub-agent's chatter is not the user's word: its turns are summarised, never made memories.
+        self.turns = TurnService(self.sessions, self.worker, [EXTRACT_JOB, SUMMARY_JOB],
+                                 subsession_job_kinds=[SUMMARY_JOB])
+        self.builder = ContextBuilder(
+            self.sessions,
+            [MessageSource(), SummarySource(), ToolObservationSource(self.store), MemorySource(self.memories)],
+            pinned=pinned_items)
         self.worker.start()
 
     def _evict_user(self, scope) -> dict[str, int]:

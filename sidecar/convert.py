@@ -181,3 +181,8 @@ def job(j) -> pb.Job:
     return pb.Job(job_id=j.job_id, kind=j.kind, status=int(j.status), attempts=j.attempts, error=j.error,
                   done_items=j.done_items, total_items=j.total_items, created_at_ms=j.created_at_ms,
                   updated_at_ms=j.updated_at_ms, result=j.result)
+
+
+def run_note(n) -> pb.RunNote:
+    return pb.RunNote(note_id=n.note_id, run_id=n.run_id, text=n.text, tokens=n.tokens, is_summary=n.is_summary,
+                      folded_note_ids=n.folded_note_ids, created_at_ms=n.created_at_ms)

@@ -242,3 +242,72 @@ class MemoryChange:
     action: str
     reason: str
     at_ms: int
+
+
+class ToolStatus(enum.IntEnum):
+    OK = 1
+    ERROR = 2
+
+
+@dataclass(slots=True)
+class ToolResult:
+    """A stored tool output. `view_text` is the trimmed view BuildContext shows for the latest result,
+    `brief_text` the shorter one for older results; both are computed once when it is recorded."""
+
+    tool_result_id: str
+    session_id: str
+    run_id: str
+    tool_name: str
+    call_id: str
+    status: ToolStatus
+    tokens: int
+    lines: int
+    view_text: str
+    view_tokens: int
+    brief_text: str
+    brief_tokens: int
+    created_at_ms: int
+    full_text: str = ""
+
+
+@dataclass(slots=True)
+class RunNote:
+    note_id: str
+    session_id: str
+    run_id: str
+    seq: int
+    text: str
+    tokens: int
+    is_summary: bool
+    folded_note_ids: list[str]
+    created_at_ms: int
+
+
+@dataclass(slots=True)
+class SessionSummary:
+    session_id: str
+    text: str
+    tokens: int
+    source_message_ids: list[str]
+    covered_until_seq: int
+    state: str  # the summarizer's own state (JSON), so updates stay incremental
+    updated_at_ms: int
+
+
+@dataclass(slots=True)
+class PinnedConstraint:
+    message_id: str
+    idx: int
+    text: str
+    tokens: int
+    created_at_ms: int
+
+
+@dataclass(slots=True)
+class SubSessionResult:
+    parent_session_id: str
+    child_session_id: str
+    task: str
+    text: str
+    tokens: int
+    created_at_ms: int

@@ -7,7 +7,7 @@ from sidecar import convert
 from sidecar.api import context_service_pb2 as pb
 from sidecar.api import context_service_pb2_grpc as pb_grpc
 from sidecar.app import Sidecar
-from sidecar.domain import Authority, FactStatus, MemoryType, Provenance, RunStatus, enum_value
+from sidecar.domain import Authority, FactStatus, MemoryType, Provenance, RunStatus, ToolStatus, enum_value
 from sidecar.errors import InvalidArgument, NotFound, Unimplemented
 from sidecar.ids import check_id
 from sidecar.memory.service import MemoryInput
@@ -19,8 +19,6 @@ PENDING_RPCS: dict[str, str] = {
     for issue, names in {
         "#6 (knowledge base)": ["IngestDocument", "ListDocuments", "ListDocumentVersions", "SetLiveVersion",
                                 "DeleteDocument", "SearchKnowledge", "UpsertEdges", "DeleteEdges", "QueryGraph"],
-        "#7 (compression)": ["RecordToolResult", "GetToolResult", "AddRunNote", "ListRunNotes",
-                             "CreateSubSession", "CompleteSubSession"],
     }.items()
     for name in names
 }
@@ -182,6 +180,39 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
         return pb.GetMemoryHistoryResponse(changes=[
             pb.MemoryChange(memory=convert.memory(c.memory), action=c.action, reason=c.reason, at_ms=c.at_ms)
             for c in changes])
+
+    # ------------------------------------------------------------------ compression layers
+    def RecordToolResult(self, request, context):
+        status = ToolStatus.OK if request.status == 0 else enum_value(ToolStatus, request.status, "status")
+        r = self.app.compression.record_tool_result(convert.scope(request), request.session_id, request.run_id,
+                                                    request.tool_name, request.call_id, request.full_text, status)
+        return pb.ToolResultRef(tool_result_id=r.tool_result_id, tokens=r.tokens, lines=r.lines)
+
+    def GetToolResult(self, request, context):
+        r = self.app.compression.get_tool_result(convert.scope(request), request.session_id, request.tool_result_id)
+        return pb.ToolResult(tool_result_id=r.tool_result_id, session_id=r.session_id, run_id=r.run_id,
+                             tool_name=r.tool_name, call_id=r.call_id, full_text=r.full_text, status=int(r.status),
+                             tokens=r.tokens, created_at_ms=r.created_at_ms)
+
+    def AddRunNote(self, request, context):
+        note = self.app.compression.add_run_note(convert.scope(request), request.session_id, request.run_id,
+                                                 request.text)
+        return convert.run_note(note)
+
+    def ListRunNotes(self, request, context):
+        notes = self.app.compression.list_run_notes(convert.scope(request), request.session_id, request.run_id)
+        return pb.ListRunNotesResponse(notes=[convert.run_note(n) for n in notes])
+
+    def CreateSubSession(self, request, context):
+        child = self.app.compression.create_sub_session(convert.scope(request), request.parent_session_id,
+                                                        request.session_id, request.task, list(request.fact_keys))
+        return convert.session(child)
+
+    def CompleteSubSession(self, request, context):
+        r = self.app.compression.complete_sub_session(convert.scope(request), request.session_id,
+                                                      request.result_summary)
+        return pb.CompleteSubSessionResponse(parent_session_id=r.parent_session_id,
+                                             source=f"subsession:{r.child_session_id}", tokens=r.tokens)
 
 
 def _unimplemented(name: str, issue: str):

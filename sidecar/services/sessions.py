@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 from sidecar import tokens
 from sidecar.clock import now_ms
-from sidecar.domain import Message, NewMessage, Scope, Session, SessionStatus, render_message_line
+from sidecar.compress.constraints import detect_constraints
+from sidecar.domain import Message, NewMessage, Role, Scope, Session, SessionStatus, render_message_line
 from sidecar.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from sidecar.ids import check_id, check_text, new_id
 from sidecar.services import limits
@@ -103,7 +104,10 @@ class SessionService:
         counts = list(zip(tokens.count_many([m.text for m in messages]),
                           tokens.count_many([render_message_line(m.role, m.speaker, m.text) for m in messages]),
                           strict=True))
-        return self.store.append_messages(scope, session_id, messages, counts, now_ms())
+        # Explicit user prohibitions and requirements are pinned verbatim at ingest (hard zone).
+        pinned = [(i, text, tokens.count_tokens(text) + 1)
+                  for i, m in enumerate(messages) if m.role == Role.USER for text in detect_constraints(m.text)]
+        return self.store.append_messages(scope, session_id, messages, counts, now_ms(), pinned)
 
     def list_messages(self, scope: Scope, session_id: str, newest: int, from_seq: int, to_seq: int) -> list[Message]:
         self.view(scope, session_id)

@@ -14,11 +14,13 @@ MAX_COMMIT_MESSAGES = 1000
 
 
 class TurnService:
-    def __init__(self, sessions: SessionService, worker: JobWorker, job_kinds: Sequence[str]) -> None:
+    def __init__(self, sessions: SessionService, worker: JobWorker, job_kinds: Sequence[str], *,
+                 subsession_job_kinds: Sequence[str] = ()) -> None:
         self.sessions = sessions
         self.store = sessions.store
         self.worker = worker
         self.job_kinds = list(job_kinds)
+        self.subsession_job_kinds = list(subsession_job_kinds)
 
     def commit(self, scope: Scope, session_id: str, message_ids: Sequence[str]) -> list[str]:
         view = self.sessions.view(scope, session_id)
@@ -44,8 +46,9 @@ class TurnService:
                 raise InvalidArgument("message_ids holds no message")
             return []
         ids = [m.message_id for m in messages]
+        kinds = self.subsession_job_kinds if view.session.parent_session_id else self.job_kinds
         jobs = [new_job(scope, kind, {"session_id": session_id, "message_ids": ids}, total_items=len(ids))
-                for kind in self.job_kinds]
+                for kind in kinds]
         self.store.commit_turn(scope, session_id, max(m.seq for m in messages), jobs)
         self.worker.notify()
         return [j.job_id for j in jobs]

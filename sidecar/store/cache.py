@@ -10,17 +10,31 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 import fastpath
-from sidecar.domain import Fact, FactChange, FactStatus, Message, NewMessage, Scope, Session
+from sidecar.domain import (
+    Fact,
+    FactChange,
+    FactStatus,
+    Message,
+    NewMessage,
+    PinnedConstraint,
+    RunNote,
+    Scope,
+    Session,
+    SessionSummary,
+    SubSessionResult,
+    ToolResult,
+)
 from sidecar.text import term_set
 
 MAX_CACHED_MESSAGES = 4096
 MAX_CACHED_SESSIONS = 20_000
+MAX_CACHED_TOOL_RESULTS = 20
 
 
 @dataclass(slots=True)
@@ -40,6 +54,12 @@ class SessionView:
     candidates: dict[str, Fact] = field(default_factory=dict)
     # Bumped on every change of the confirmed facts; the state hash is derived from it lazily.
     state_version: int = 0
+    # Compression layers (issue #7), loaded with the view and kept current on write.
+    pinned: list[PinnedConstraint] = field(default_factory=list)
+    summary: SessionSummary | None = None
+    tool_results: list[ToolResult] = field(default_factory=list)  # newest last, at most MAX_CACHED_TOOL_RESULTS
+    notes: dict[str, list[RunNote]] = field(default_factory=dict)  # run id -> notes, oldest first
+    subsession_results: list[SubSessionResult] = field(default_factory=list)
 
     def add_messages(self, new: Sequence[Message]) -> None:
         if not new:
@@ -105,6 +125,12 @@ class CachingStore:
             view.add_messages(self.backend.list_messages(scope, session_id, newest=MAX_CACHED_MESSAGES))
             view.session.message_count = session.message_count
             view.set_facts(self.backend.get_facts(scope, session_id))
+            view.pinned = self.backend.list_pinned(scope, session_id)
+            view.summary = self.backend.get_summary(scope, session_id)
+            view.tool_results = self.backend.recent_tool_results(scope, session_id, MAX_CACHED_TOOL_RESULTS)
+            for note in self.backend.list_run_notes(scope, session_id):
+                view.notes.setdefault(note.run_id, []).append(note)
+            view.subsession_results = self.backend.list_subsession_results(scope, session_id)
             self._views[key] = view
             if len(self._views) > MAX_CACHED_SESSIONS:
                 self._views.popitem(last=False)
@@ -144,10 +170,13 @@ class CachingStore:
             self._views.pop((scope.tenant_id, scope.user_id, session_id), None)
 
     def append_messages(self, scope: Scope, session_id: str, messages: Sequence[NewMessage],
-                        token_counts: Sequence[tuple[int, int]], now_ms: int) -> list[Message]:
+                        token_counts: Sequence[tuple[int, int]], now_ms: int,
+                        pinned: Sequence[tuple[int, str, int]] = ()) -> list[Message]:
         with self._lock:
             view = self.session_view(scope, session_id)
-            stored = self.backend.append_messages(scope, session_id, messages, token_counts, now_ms)
+            stored = self.backend.append_messages(scope, session_id, messages, token_counts, now_ms, pinned)
+            if view is not None and pinned:
+                view.pinned = self.backend.list_pinned(scope, session_id)
             fresh = stored
             if view is not None:
                 last = view.messages[-1].seq if view.messages else 0
@@ -166,6 +195,42 @@ class CachingStore:
             if view is not None:
                 view.apply_fact_changes(upserts, deletes)
                 view.session.updated_at_ms = at_ms
+
+    def _cached(self, scope: Scope, session_id: str) -> SessionView | None:
+        return self._views.get((scope.tenant_id, scope.user_id, session_id))
+
+    def insert_tool_result(self, scope: Scope, result: ToolResult) -> None:
+        with self._lock:
+            self.backend.insert_tool_result(scope, result)
+            view = self._cached(scope, result.session_id)
+            if view is not None:
+                view.tool_results.append(replace(result, full_text=""))  # the view never needs the full text
+                del view.tool_results[:-MAX_CACHED_TOOL_RESULTS]
+
+    def write_run_notes(self, scope: Scope, add: Sequence[RunNote], delete_ids: Sequence[str] = ()) -> None:
+        with self._lock:
+            self.backend.write_run_notes(scope, add, delete_ids)
+            gone = set(delete_ids)
+            for note in add:
+                view = self._cached(scope, note.session_id)
+                if view is not None:
+                    notes = [n for n in view.notes.get(note.run_id, []) if n.note_id not in gone]
+                    view.notes[note.run_id] = sorted([*notes, note], key=lambda n: n.seq)
+
+    def put_summary(self, scope: Scope, summary: SessionSummary) -> None:
+        with self._lock:
+            self.backend.put_summary(scope, summary)
+            view = self._cached(scope, summary.session_id)
+            if view is not None:
+                view.summary = summary
+
+    def add_subsession_result(self, scope: Scope, result: SubSessionResult, close_child_at_ms: int) -> None:
+        with self._lock:
+            self.backend.add_subsession_result(scope, result, close_child_at_ms)
+            self._views.pop((scope.tenant_id, scope.user_id, result.child_session_id), None)
+            view = self._cached(scope, result.parent_session_id)
+            if view is not None:
+                view.subsession_results.append(result)
 
     def evict_user(self, scope: Scope) -> None:
         with self._lock:

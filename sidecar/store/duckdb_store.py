@@ -29,14 +29,20 @@ from sidecar.domain import (
     MemoryType,
     Message,
     NewMessage,
+    PinnedConstraint,
     Provenance,
     Role,
     Run,
     RunCheckpoint,
+    RunNote,
     RunStatus,
     Scope,
     Session,
     SessionStatus,
+    SessionSummary,
+    SubSessionResult,
+    ToolResult,
+    ToolStatus,
 )
 from sidecar.ids import new_id
 from sidecar.store.schema import MIGRATIONS
@@ -51,7 +57,11 @@ _MEMORY_COLS = ("memory_id, type, content, subject, source_message_ids, confiden
                 "updated_at_ms, expires_at_ms, status, superseded_by, tokens")
 # Every table that holds a user's data; ForgetUser empties each of them for that user.
 USER_TABLES = ("sessions", "messages", "facts", "fact_history", "runs", "run_checkpoints", "jobs", "memories",
-               "memory_history", "turn_commits")
+               "memory_history", "turn_commits", "tool_results", "run_notes", "session_summaries",
+               "pinned_constraints", "subsession_results")
+_TOOL_COLS = ("tool_result_id, session_id, run_id, tool_name, call_id, status, tokens, lines, view_text, view_tokens, "
+              "brief_text, brief_tokens, created_at_ms")
+_NOTE_COLS = "note_id, session_id, run_id, seq, text, tokens, is_summary, folded_note_ids, created_at_ms"
 _JOB_COLS = ("job_id, tenant_id, user_id, kind, payload, status, attempts, error, done_items, total_items, "
              "created_at_ms, updated_at_ms, result")
 
@@ -181,7 +191,7 @@ class DuckDBStore:
 
     def append_messages(
         self, scope: Scope, session_id: str, messages: Sequence[NewMessage], token_counts: Sequence[tuple[int, int]],
-        now_ms: int,
+        now_ms: int, pinned: Sequence[tuple[int, str, int]] = (),
     ) -> list[Message]:
         """Store a batch atomically. Messages whose idempotency key is already stored in the session
         are not stored again; the stored row is returned in their place."""
@@ -205,6 +215,7 @@ class DuckDBStore:
                         "AND session_id = ?", [scope.tenant_id, scope.user_id, session_id]).fetchone()[0]
                 out: list[Message] = []
                 rows = []
+                stored_at: dict[int, str] = {}  # batch index -> id of a newly stored message
                 for m, (tokens, line_tokens) in zip(messages, token_counts, strict=True):
                     if m.idempotency_key and m.idempotency_key in existing:
                         out.append(existing[m.idempotency_key])
@@ -217,12 +228,18 @@ class DuckDBStore:
                     )
                     if m.idempotency_key:
                         existing[m.idempotency_key] = msg  # a key repeated inside one batch is stored once
+                    stored_at[len(out)] = msg.message_id
                     next_seq += 1
                     out.append(msg)
                     rows.append((scope.tenant_id, scope.user_id, session_id, msg.seq, msg.message_id, int(msg.role),
                                  msg.text, msg.tool_name, msg.tool_call_id, msg.timestamp_ms, msg.created_at_ms,
                                  msg.tokens, msg.line_tokens, msg.idempotency_key, msg.speaker))
                 self._insert_many(c, "messages", _MESSAGE_COLS, rows)
+                # Pinned constraints are written with their message: a committed prohibition is never lost.
+                self._insert_many(c, "pinned_constraints", "tenant_id, user_id, session_id, message_id, idx, text, "
+                                  "tokens, created_at_ms",
+                                  [(scope.tenant_id, scope.user_id, session_id, stored_at[i], k, text, n, now_ms)
+                                   for k, (i, text, n) in enumerate(pinned) if i in stored_at])
             # Only this process writes the file, so the next sequence number can live in memory; it is
             # recorded after the commit so a rolled-back batch leaves no gap.
             self._next_seq[seq_key] = next_seq
@@ -489,6 +506,95 @@ class DuckDBStore:
         for key in [k for k in self._next_seq if k[0] == scope.tenant_id and k[1] == scope.user_id]:
             del self._next_seq[key]
         return counts
+
+    # ------------------------------------------------------------------ compression layers
+    def list_pinned(self, scope: Scope, session_id: str) -> list[PinnedConstraint]:
+        rows = self._query("SELECT message_id, idx, text, tokens, created_at_ms FROM pinned_constraints WHERE "
+                           "tenant_id = ? AND user_id = ? AND session_id = ? ORDER BY created_at_ms, idx",
+                           [scope.tenant_id, scope.user_id, session_id])
+        return [PinnedConstraint(*r) for r in rows]
+
+    @staticmethod
+    def _tool(r: Sequence[Any]) -> ToolResult:
+        return ToolResult(tool_result_id=r[0], session_id=r[1], run_id=r[2], tool_name=r[3], call_id=r[4],
+                          status=ToolStatus(r[5]), tokens=r[6], lines=r[7], view_text=r[8], view_tokens=r[9],
+                          brief_text=r[10], brief_tokens=r[11], created_at_ms=r[12],
+                          full_text=r[13] if len(r) > 13 else "")
+
+    def insert_tool_result(self, scope: Scope, result: ToolResult) -> None:
+        with self._tx() as c:
+            self._insert_many(c, "tool_results", "tenant_id, user_id, " + _TOOL_COLS + ", full_text", [(
+                scope.tenant_id, scope.user_id, result.tool_result_id, result.session_id, result.run_id,
+                result.tool_name, result.call_id, int(result.status), result.tokens, result.lines, result.view_text,
+                result.view_tokens, result.brief_text, result.brief_tokens, result.created_at_ms, result.full_text)])
+
+    def get_tool_result(self, scope: Scope, tool_result_id: str) -> ToolResult | None:
+        rows = self._query(f"SELECT {_TOOL_COLS}, full_text FROM tool_results WHERE tenant_id = ? AND user_id = ? "
+                           "AND tool_result_id = ?", [scope.tenant_id, scope.user_id, tool_result_id])
+        return self._tool(rows[0]) if rows else None
+
+    def recent_tool_results(self, scope: Scope, session_id: str, limit: int) -> list[ToolResult]:
+        """Newest last, without the full text."""
+        rows = self._query(f"SELECT {_TOOL_COLS} FROM tool_results WHERE tenant_id = ? AND user_id = ? AND "
+                           "session_id = ? ORDER BY created_at_ms DESC, tool_result_id DESC LIMIT ?",
+                           [scope.tenant_id, scope.user_id, session_id, limit])
+        return [self._tool(r) for r in reversed(rows)]
+
+    @staticmethod
+    def _note(r: Sequence[Any]) -> RunNote:
+        return RunNote(note_id=r[0], session_id=r[1], run_id=r[2], seq=r[3], text=r[4], tokens=r[5],
+                       is_summary=bool(r[6]), folded_note_ids=json.loads(r[7]), created_at_ms=r[8])
+
+    def write_run_notes(self, scope: Scope, add: Sequence[RunNote], delete_ids: Sequence[str] = ()) -> None:
+        """Add notes and delete folded ones in one transaction."""
+        with self._tx() as c:
+            for note_id in delete_ids:
+                c.execute("DELETE FROM run_notes WHERE tenant_id = ? AND user_id = ? AND note_id = ?",
+                          [scope.tenant_id, scope.user_id, note_id])
+            self._insert_many(c, "run_notes", "tenant_id, user_id, " + _NOTE_COLS, [
+                (scope.tenant_id, scope.user_id, n.note_id, n.session_id, n.run_id, n.seq, n.text, n.tokens,
+                 n.is_summary, json.dumps(n.folded_note_ids), n.created_at_ms) for n in add])
+
+    def list_run_notes(self, scope: Scope, session_id: str) -> list[RunNote]:
+        rows = self._query(f"SELECT {_NOTE_COLS} FROM run_notes WHERE tenant_id = ? AND user_id = ? AND "
+                           "session_id = ? ORDER BY run_id, seq", [scope.tenant_id, scope.user_id, session_id])
+        return [self._note(r) for r in rows]
+
+    def put_summary(self, scope: Scope, s: SessionSummary) -> None:
+        with self._tx() as c:
+            c.execute("DELETE FROM session_summaries WHERE tenant_id = ? AND user_id = ? AND session_id = ?",
+                      [scope.tenant_id, scope.user_id, s.session_id])
+            self._insert_many(c, "session_summaries", "tenant_id, user_id, session_id, text, tokens, "
+                              "source_message_ids, covered_until_seq, state, updated_at_ms",
+                              [(scope.tenant_id, scope.user_id, s.session_id, s.text, s.tokens,
+                                json.dumps(s.source_message_ids), s.covered_until_seq, s.state, s.updated_at_ms)])
+
+    def get_summary(self, scope: Scope, session_id: str) -> SessionSummary | None:
+        rows = self._query("SELECT session_id, text, tokens, source_message_ids, covered_until_seq, state, "
+                           "updated_at_ms FROM session_summaries WHERE tenant_id = ? AND user_id = ? AND "
+                           "session_id = ?", [scope.tenant_id, scope.user_id, session_id])
+        if not rows:
+            return None
+        r = rows[0]
+        return SessionSummary(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5], r[6])
+
+    def add_subsession_result(self, scope: Scope, r: SubSessionResult, close_child_at_ms: int) -> None:
+        """Store the child's result and close the child session, atomically."""
+        with self._tx() as c:
+            self._insert_many(c, "subsession_results", "tenant_id, user_id, parent_session_id, child_session_id, "
+                              "task, text, tokens, created_at_ms",
+                              [(scope.tenant_id, scope.user_id, r.parent_session_id, r.child_session_id, r.task,
+                                r.text, r.tokens, r.created_at_ms)])
+            c.execute("UPDATE sessions SET status = ?, closed_at_ms = ?, updated_at_ms = ? WHERE tenant_id = ? AND "
+                      "user_id = ? AND session_id = ?", [int(SessionStatus.CLOSED), close_child_at_ms,
+                                                         close_child_at_ms, scope.tenant_id, scope.user_id,
+                                                         r.child_session_id])
+
+    def list_subsession_results(self, scope: Scope, parent_session_id: str) -> list[SubSessionResult]:
+        rows = self._query("SELECT parent_session_id, child_session_id, task, text, tokens, created_at_ms FROM "
+                           "subsession_results WHERE tenant_id = ? AND user_id = ? AND parent_session_id = ? "
+                           "ORDER BY created_at_ms", [scope.tenant_id, scope.user_id, parent_session_id])
+        return [SubSessionResult(*r) for r in rows]
 
     def superseded_pairs(self, scope: Scope) -> list[tuple[str, str]]:
         return [tuple(r) for r in self._query(

@@ -73,6 +73,37 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             upto_seq BIGINT NOT NULL, PRIMARY KEY (tenant_id, user_id, session_id));
         """,
     ),
+    (
+        3,
+        "tool results, run notes, rolling summaries, pinned constraints, sub-session results",
+        """
+        CREATE TABLE tool_results (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, session_id VARCHAR NOT NULL,
+            tool_result_id VARCHAR NOT NULL, run_id VARCHAR NOT NULL, tool_name VARCHAR NOT NULL,
+            call_id VARCHAR NOT NULL, full_text VARCHAR NOT NULL, status SMALLINT NOT NULL, tokens INTEGER NOT NULL,
+            lines INTEGER NOT NULL, view_text VARCHAR NOT NULL, view_tokens INTEGER NOT NULL,
+            brief_text VARCHAR NOT NULL, brief_tokens INTEGER NOT NULL, created_at_ms BIGINT NOT NULL,
+            PRIMARY KEY (tenant_id, user_id, tool_result_id));
+        CREATE TABLE run_notes (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, session_id VARCHAR NOT NULL,
+            run_id VARCHAR NOT NULL, note_id VARCHAR NOT NULL, seq BIGINT NOT NULL, text VARCHAR NOT NULL,
+            tokens INTEGER NOT NULL, is_summary BOOLEAN NOT NULL, folded_note_ids VARCHAR NOT NULL,
+            created_at_ms BIGINT NOT NULL, PRIMARY KEY (tenant_id, user_id, note_id));
+        CREATE TABLE session_summaries (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, session_id VARCHAR NOT NULL,
+            text VARCHAR NOT NULL, tokens INTEGER NOT NULL, source_message_ids VARCHAR NOT NULL,
+            covered_until_seq BIGINT NOT NULL, state VARCHAR NOT NULL, updated_at_ms BIGINT NOT NULL,
+            PRIMARY KEY (tenant_id, user_id, session_id));
+        CREATE TABLE pinned_constraints (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, session_id VARCHAR NOT NULL,
+            message_id VARCHAR NOT NULL, idx INTEGER NOT NULL, text VARCHAR NOT NULL, tokens INTEGER NOT NULL,
+            created_at_ms BIGINT NOT NULL);
+        CREATE TABLE subsession_results (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, parent_session_id VARCHAR NOT NULL,
+            child_session_id VARCHAR NOT NULL, task VARCHAR NOT NULL, text VARCHAR NOT NULL,
+            tokens INTEGER NOT NULL, created_at_ms BIGINT NOT NULL);
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -1,0 +1,111 @@
+"""BuildContext inputs from the compression layers: the pinned constraints (hard zone), the rolling
+summary (with recent messages), and tool results, run notes and sub-agent results."""
+
+from __future__ import annotations
+
+import threading
+
+from sidecar import tokens
+from sidecar.assembly.builder import CATEGORY_SESSION_STATE, Item
+from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory
+from sidecar.compress.trim import trim_tool_output
+from sidecar.domain import Scope, ToolResult
+from sidecar.store.cache import SessionView
+from sidecar.tokens import count_tokens_cached
+
+LATEST_PRIORITY, OLDER_PRIORITY, NOTE_PRIORITY, SUBSESSION_PRIORITY = 1.0, 0.5, 0.6, 0.9
+
+
+def pinned_items(scope: Scope, view: SessionView) -> list[Item]:
+    """Every pinned constraint, verbatim, once per distinct text, oldest first."""
+    seen: set[str] = set()
+    items = []
+    for p in view.pinned:
+        if p.text in seen:
+            continue
+        seen.add(p.text)
+        items.append(Item(f"pinned:{p.message_id}#{p.idx}", CATEGORY_SESSION_STATE, 0.0, p.tokens, p.text,
+                          timestamp_ms=p.created_at_ms, source_message_ids=(p.message_id,)))
+    return items
+
+
+class SummarySource:
+    name = "summary"
+
+    def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
+        s = inp.view.summary
+        batch = CandidateBatch(category=SoftCategory.RECENT_MESSAGES, section=Section.SUMMARY)
+        if s is None or not s.text:
+            return [batch]
+        batch.texts, batch.sources, batch.tokens = [s.text], [f"summary:{s.session_id}"], [s.tokens]
+        batch.relevance, batch.age_s, batch.priority = [0.0], [0.0], [LATEST_PRIORITY]
+        ids = tuple(s.source_message_ids)
+        batch.meta = lambda j: (0, s.updated_at_ms, None, ids)
+        return [batch]
+
+
+class ToolObservationSource:
+    name = "tool_observations"
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self._retrimmed: dict[tuple[str, int], tuple[str, int]] = {}
+        self._lock = threading.Lock()
+
+    def _view_for(self, inp: BuildInput, r: ToolResult) -> tuple[str, int]:
+        """The latest result's view; re-trimmed (once per budget, cached) when the call's budget is smaller."""
+        budget = inp.budget.tool_observations - count_tokens_cached(_header(r)) - 2
+        if r.view_tokens <= budget:
+            return r.view_text, r.view_tokens
+        key = (r.tool_result_id, budget)
+        with self._lock:
+            hit = self._retrimmed.get(key)
+        if hit is None:
+            full = self.store.get_tool_result(inp.scope, r.tool_result_id)
+            view = trim_tool_output(full.full_text if full else "", budget_tokens=max(budget, 0),
+                                    count_tokens=tokens.count_tokens, focus_terms=inp.query_terms,
+                                    result_id=r.tool_result_id)
+            hit = (view.text, view.tokens)
+            with self._lock:
+                if len(self._retrimmed) > 10_000:
+                    self._retrimmed.clear()
+                self._retrimmed[key] = hit
+        return hit
+
+    def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
+        view = inp.view
+        batch = CandidateBatch(category=SoftCategory.TOOL_OBSERVATIONS, section=Section.TOOL_OBSERVATIONS)
+        if inp.budget.tool_observations <= 0:
+            return [batch]
+        texts, sources, toks, prio, metas = [], [], [], [], []
+        results = view.tool_results
+        for k, r in enumerate(reversed(results)):
+            body, body_tokens = self._view_for(inp, r) if k == 0 else (r.brief_text, r.brief_tokens)
+            header = _header(r)
+            texts.append(f"{header}\n{body}")
+            toks.append(count_tokens_cached(header) + body_tokens + 2)
+            sources.append(f"tool:{r.tool_result_id}")
+            prio.append(LATEST_PRIORITY if k == 0 else OLDER_PRIORITY * 0.8 ** k)
+            metas.append((0, r.created_at_ms, float(-r.created_at_ms), ()))
+        for note in view.notes.get(inp.run_id, []) if inp.run_id else []:
+            texts.append(note.text)
+            toks.append(note.tokens)
+            sources.append(f"note:{note.note_id}")
+            prio.append(NOTE_PRIORITY)
+            metas.append((0, note.created_at_ms, float(note.seq), ()))
+        for res in view.subsession_results:
+            texts.append(res.text)
+            toks.append(res.tokens)
+            sources.append(f"subsession:{res.child_session_id}")
+            prio.append(SUBSESSION_PRIORITY)
+            metas.append((0, res.created_at_ms, float(res.created_at_ms), ()))
+        n = len(texts)
+        batch.texts, batch.sources, batch.tokens, batch.priority = texts, sources, toks, prio
+        batch.relevance, batch.age_s = [0.0] * n, [0.0] * n
+        batch.meta = metas.__getitem__
+        return [batch]
+
+
+def _header(r: ToolResult) -> str:
+    status = "error" if r.status == 2 else "ok"
+    return f"[{r.tool_name} {status}, tool:{r.tool_result_id}, {r.lines} lines]"

@@ -1,0 +1,393 @@
+"""Episodic recall: a user's past turns, across all their sessions, as BuildContext candidates
+(category memories, source tag message:<id>), so an old turn is recallable in a new session.
+
+Per (tenant, user) an in-process index: BM25 postings over stemmed terms, hashed dense vectors,
+and each turn's same-session neighbours. It is kept current by the store's append listener and
+built from rows the first time a user is seen. Never searched across users.
+
+Ranking (model-free, see bench/recall.py for what each part adds): BM25 of the turn plus its
+same-session neighbours with decaying weights (a fact is often spread over question and answer),
+fused with the dense cosine, times a boost for turns spoken by a person the query names and for
+turns of a session whose date the query names."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import fastpath
+from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory
+from sidecar.domain import Message, Role, Scope
+from sidecar.index.embedders import Embedder
+from sidecar.text import STOPWORDS
+from sidecar.tokens import count_many
+
+INDEXED_ROLES = (Role.USER, Role.ASSISTANT)  # tool output and system text are not conversation memory
+MAX_USERS = 2048  # users kept in memory; an evicted one is rebuilt from rows on its next call
+BM25_K1, BM25_B = 1.2, 0.75
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """Knobs of the ranker; defaults tuned on LoCoMo conversations 1-5 (bench/recall.py)."""
+
+    neighbours: int = 4  # same-session turns on each side scored with the turn
+    neighbour_decay: float = 0.55  # weight of the k-th neighbour: decay ** k
+    dense_weight: float = 0.5  # share of the dense cosine in the fused score
+    dense_neighbours: bool = True
+    speaker_boost: float = 0.25  # turns spoken by a person the query names
+    date_boost: float = 0.3  # turns of a session in the month/year the query names
+    stem: bool = True
+    candidate_factor: float = 1.6  # return turns worth this multiple of the category budget
+    max_candidates: int = 600
+
+
+DEFAULT_RANKING = Ranking()
+
+# ---------------------------------------------------------------------------------------- terms
+_WORD_RE = re.compile(r"[0-9a-z]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_VOWEL_RE = re.compile(r"[aeiouy]")
+# Porter-like suffix rules, longest first: (suffix, replacement, minimum stem length).
+_RULES = (("ational", "ate", 3), ("iveness", "ive", 3), ("fulness", "ful", 3), ("ization", "ize", 3),
+          ("ations", "ate", 3), ("ation", "ate", 3), ("nesses", "", 3), ("ness", "", 3), ("ments", "", 4),
+          ("ment", "", 4), ("ingly", "", 3), ("edly", "", 3), ("ies", "y", 2), ("ied", "y", 2), ("ing", "", 3),
+          ("ers", "", 3), ("er", "", 3), ("ed", "", 3), ("ly", "", 4), ("es", "", 3), ("s", "", 3))
+_DOUBLE = frozenset("bdfgmnprt")
+
+
+def stem(word: str) -> str:
+    """A compact English stemmer: "painting"/"painted"/"paints" -> "paint", "hobbies" -> "hobby"."""
+    if len(word) <= 3 or not word.isascii() or word.isdigit():
+        return word
+    if word.endswith("'s"):
+        word = word[:-2]
+    for suffix, repl, min_len in _RULES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= min_len:
+            base = word[: -len(suffix)]
+            if not _VOWEL_RE.search(base):
+                continue
+            if suffix in ("es",) and not base.endswith(("sh", "ch", "x", "s", "z")):
+                base = word[:-1]  # "games" -> "game", "wishes" -> "wish"
+            if suffix in ("ing", "ed", "er", "ers") and len(base) > 3 and base[-1] == base[-2] and base[-1] in _DOUBLE:
+                base = base[:-1]  # "running" -> "run"
+            return base + repl
+    return word
+
+
+def terms(text: str, *, stemmed: bool = True) -> list[str]:
+    words = [w.split("'")[0] for w in _WORD_RE.findall(text.lower())]
+    out = [w for w in words if w and w not in STOPWORDS]
+    return [stem(w) for w in out] if stemmed else out
+
+
+# ---------------------------------------------------------------------------------------- dates
+_MONTHS = {m.lower(): i for i, m in enumerate(
+    ("January February March April May June July August September October November December").split(), 1)}
+_MONTHS.update({k[:3]: v for k, v in list(_MONTHS.items())})
+_MONTH_RE = re.compile(r"\b(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\b\.?(?:\s+(\d{4}))?", re.I)
+_YEAR_RE = re.compile(r"\b(19\d\d|20\d\d)\b")
+
+
+def query_dates(query: str) -> tuple[set[tuple[int, int]], set[int]]:
+    """(year-or-0, month) pairs and bare years named in a query ("in May 2023", "in 2022")."""
+    months = {(int(y) if y else 0, _MONTHS[m.lower()]) for m, y in _MONTH_RE.findall(query)
+              if m.lower() != "may" or y}  # "may" alone is the verb far more often than the month
+    years = {int(y) for y in _YEAR_RE.findall(query)}
+    return months, years
+
+
+def render_turn(speaker: str, role: Role, text: str, timestamp_ms: int) -> str:
+    day = dt.datetime.fromtimestamp(timestamp_ms / 1000, dt.UTC)
+    return f"[{day.day} {day.strftime('%B')} {day.year}] {speaker or role.label}: {text}"
+
+
+# ---------------------------------------------------------------------------------------- index
+@dataclass(slots=True)
+class _UserIndex:
+    dim: int
+    cap: int = 256
+    window: int = 4
+    ids: list[str] = field(default_factory=list)
+    sessions: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    known: set[str] = field(default_factory=set)
+    session_rows: dict[str, list[int]] = field(default_factory=dict)
+    speakers: dict[str, int] = field(default_factory=dict)  # lowercased name -> speaker id
+    postings: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+    arrays: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    total_len: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.vectors = np.zeros((self.cap, self.dim), np.float32)
+        self.tokens = np.zeros(self.cap, np.int32)
+        self.timestamps = np.zeros(self.cap, np.int64)
+        self.seqs = np.zeros(self.cap, np.int64)
+        self.roles = np.zeros(self.cap, np.int8)
+        self.speaker_of = np.full(self.cap, -1, np.int32)
+        self.session_of = np.zeros(self.cap, np.int32)
+        self.year_month = np.zeros(self.cap, np.int32)  # year * 100 + month of the session's first turn
+        self.doc_len = np.zeros(self.cap, np.float32)
+        self.exact = np.zeros(self.cap, np.uint64)
+        self.simhash = np.zeros(self.cap, np.uint64)
+        # Row of the k-th neighbour in the same session (-1 none): columns -W..-1, +1..+W.
+        self.nbr = np.full((self.cap, 2 * self.window), -1, np.int32)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _grow(self, need: int) -> None:
+        if need <= self.cap:
+            return
+        cap = max(need, self.cap * 2)
+        for name in ("vectors", "tokens", "timestamps", "seqs", "roles", "speaker_of", "session_of", "year_month",
+                     "doc_len", "exact", "simhash", "nbr"):
+            old = getattr(self, name)
+            new = np.full((cap, *old.shape[1:]), -1 if name in ("nbr", "speaker_of") else 0, old.dtype)
+            new[: self.cap] = old[: self.cap]
+            setattr(self, name, new)
+        self.cap = cap
+
+    def add(self, messages: Sequence[Message], embedder: Embedder | None, stemmed: bool) -> int:
+        fresh = [m for m in messages if m.role in INDEXED_ROLES and m.message_id not in self.known and m.text]
+        if not fresh:
+            return 0
+        texts = [render_turn(m.speaker, m.role, m.text, m.timestamp_ms) for m in fresh]
+        start = len(self.ids)
+        self._grow(start + len(fresh))
+        end = start + len(fresh)
+        # Counted once here, for exactly the text that is packed.
+        self.tokens[start:end] = count_many(texts)
+        body = [m.text for m in fresh]
+        self.vectors[start:end] = (embedder.embed(body) if embedder is not None
+                                   else fastpath.hash_embed(body, self.dim))
+        self.exact[start:end], self.simhash[start:end] = fastpath.text_keys(texts)
+        session_ids = {sid: i for i, sid in enumerate(self.session_rows)}
+        for j, (m, text) in enumerate(zip(fresh, texts, strict=True)):
+            row = start + j
+            self.ids.append(m.message_id)
+            self.known.add(m.message_id)
+            self.sessions.append(m.session_id)
+            self.texts.append(text)
+            self.timestamps[row] = m.timestamp_ms
+            self.seqs[row] = m.seq
+            self.roles[row] = int(m.role)
+            name = (m.speaker or m.role.label).lower()
+            self.speaker_of[row] = self.speakers.setdefault(name, len(self.speakers))
+            rows = self.session_rows.get(m.session_id)
+            if rows is None:
+                rows = self.session_rows[m.session_id] = []
+                session_ids[m.session_id] = len(session_ids)
+                day = dt.datetime.fromtimestamp(m.timestamp_ms / 1000, dt.UTC)
+                self.year_month[row] = day.year * 100 + day.month
+            else:
+                self.year_month[row] = self.year_month[rows[0]]
+            self.session_of[row] = session_ids[m.session_id]
+            w = self.window
+            for k in range(1, min(w, len(rows)) + 1):
+                prev = rows[-k]
+                self.nbr[row, w - k] = prev  # my k-th previous turn
+                self.nbr[prev, w + k - 1] = row  # I am its k-th next turn
+            rows.append(row)
+            counts: dict[str, int] = {}
+            words = terms(m.text, stemmed=stemmed)
+            for t in words:
+                counts[t] = counts.get(t, 0) + 1
+            for t, tf in counts.items():
+                posting = self.postings.setdefault(t, ([], []))
+                posting[0].append(row)
+                posting[1].append(tf)
+                self.arrays.pop(t, None)
+            self.doc_len[row] = len(words)
+            self.total_len += len(words)
+        return len(fresh)
+
+    def bm25(self, query_terms: Sequence[str]) -> np.ndarray:
+        n = len(self.ids)
+        acc = np.zeros(n + 1, np.float32)  # + 1: a zero sentinel that "no neighbour" (-1) points at
+        avg_len = max(self.total_len / max(n, 1), 1.0)
+        for t in set(query_terms):
+            posting = self.postings.get(t)
+            if posting is None:
+                continue
+            arrays = self.arrays.get(t)
+            if arrays is None:
+                arrays = self.arrays[t] = (np.asarray(posting[0], np.int64), np.asarray(posting[1], np.float32))
+            rows, tfs = arrays
+            df = len(rows)
+            idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+            norm = BM25_K1 * (1.0 - BM25_B + BM25_B * self.doc_len[rows] / avg_len)
+            acc[rows] += idf * tfs * (BM25_K1 + 1.0) / (tfs + norm)  # rows are unique per term
+        return acc
+
+    def smooth(self, scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """scores[i] + sum_k weights[k] * scores[k-th neighbour of i]; scores carries a 0 sentinel at n."""
+        n = len(self.ids)
+        nbr = self.nbr[:n]
+        return scores[:n] + scores[np.where(nbr < 0, n, nbr)] @ weights
+
+    def rank(self, query: str, qvec: np.ndarray | None, exclude_session: str, r: Ranking) -> np.ndarray:
+        """Fused score per row (-inf for rows of the excluded session)."""
+        n = len(self.ids)
+        w = self.window
+        decay = np.array([r.neighbour_decay ** k for k in range(w, 0, -1)] +
+                         [r.neighbour_decay ** k for k in range(1, w + 1)], np.float32)
+        decay[np.abs(np.r_[np.arange(-w, 0), np.arange(1, w + 1)]) > r.neighbours] = 0.0
+        q_terms = terms(query, stemmed=r.stem)
+        lex = self.smooth(self.bm25(q_terms), decay)
+        top = float(lex.max()) if n else 0.0
+        score = lex / top if top > 0 else lex
+        if qvec is not None and r.dense_weight > 0 and np.any(qvec):
+            dense = np.zeros(n + 1, np.float32)
+            dense[:n] = self.vectors[:n] @ qvec
+            np.maximum(dense, 0.0, out=dense)
+            if r.dense_neighbours:
+                dense = self.smooth(dense, decay)
+            else:
+                dense = dense[:n]
+            dtop = float(dense.max())
+            if dtop > 0:
+                score = (1.0 - r.dense_weight) * score + r.dense_weight * dense / dtop
+        score = score.astype(np.float64)
+        words = set(_WORD_RE.findall(query.lower()))
+        named = [sid for name, sid in self.speakers.items() if name in words or name.split(" ")[0] in words]
+        if named and r.speaker_boost and len(named) < len(self.speakers):
+            score *= np.where(np.isin(self.speaker_of[:n], named), 1.0 + r.speaker_boost, 1.0)
+        months, years = query_dates(query)
+        if (months or years) and r.date_boost:
+            ym = self.year_month[:n]
+            hit = np.isin(ym // 100, list(years)) if years else np.zeros(n, bool)
+            for year, month in months:
+                hit |= (ym % 100 == month) & ((ym // 100 == year) if year else True)
+            score *= np.where(hit, 1.0 + r.date_boost, 1.0)
+        if exclude_session and exclude_session in self.session_rows:
+            score[self.session_rows[exclude_session]] = -np.inf
+        return score
+
+
+class EpisodicSource:
+    """CandidateSource over every past turn of the user; the current session is MessageSource's."""
+
+    name = "episodic"
+
+    def __init__(self, store, embedder: Embedder | None = None, *, ranking: Ranking = DEFAULT_RANKING,
+                 dim: int = 256, max_users: int = MAX_USERS) -> None:
+        self.store = store
+        # None: the compiled hashed embedding; a model embedder for the optional model profile.
+        self.embedder = embedder
+        self.dim = embedder.dim if embedder is not None else dim
+        self.ranking = ranking
+        self.max_users = max_users
+        self._users: OrderedDict[tuple[str, str], _UserIndex] = OrderedDict()
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ upkeep
+    def on_append(self, scope: Scope, session_id: str, messages: list[Message]) -> None:
+        """store.append_listeners hook: index new turns of a user already in memory, or load the
+        user from rows (which already hold these turns) so the next BuildContext stays fast."""
+        if not any(m.role in INDEXED_ROLES for m in messages):
+            return
+        with self._lock:
+            key = (scope.tenant_id, scope.user_id)
+            state = self._users.get(key)
+            if state is None:
+                self._load(scope)
+            else:
+                state.add(messages, self.embedder, self.ranking.stem)
+
+    def forget(self, scope: Scope) -> dict[str, int]:
+        """ForgetUser hook: drop the user's index (their rows are deleted by the store)."""
+        with self._lock:
+            state = self._users.pop((scope.tenant_id, scope.user_id), None)
+            return {"episodic_index": len(state) if state else 0}
+
+    def indexed(self, scope: Scope) -> int:
+        with self._lock:
+            state = self._users.get((scope.tenant_id, scope.user_id))
+            return len(state) if state else 0
+
+    def _load(self, scope: Scope) -> _UserIndex:
+        key = (scope.tenant_id, scope.user_id)
+        state = _UserIndex(dim=self.dim, window=max(self.ranking.neighbours, 1))
+        state.add(self._rows(scope), self.embedder, self.ranking.stem)
+        self._users[key] = state
+        while len(self._users) > self.max_users:
+            self._users.popitem(last=False)
+        return state
+
+    def _rows(self, scope: Scope) -> list[Message]:
+        # Sessions in creation order, turns in sequence order, so neighbours are conversational.
+        backend = getattr(self.store, "backend", self.store)
+        rows = backend._query(
+            "SELECT m.session_id, m.seq, m.message_id, m.role, m.text, m.timestamp_ms, m.speaker "
+            "FROM messages m JOIN sessions s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id "
+            "AND s.session_id = m.session_id WHERE m.tenant_id = ? AND m.user_id = ? AND m.role IN (?, ?) "
+            "ORDER BY s.created_at_ms, m.session_id, m.seq",
+            [scope.tenant_id, scope.user_id, int(Role.USER), int(Role.ASSISTANT)])
+        return [Message(message_id=r[2], session_id=r[0], seq=r[1], role=Role(r[3]), text=r[4], tool_name="",
+                        tool_call_id="", timestamp_ms=r[5], created_at_ms=0, tokens=0, line_tokens=0, speaker=r[6])
+                for r in rows]
+
+    # ------------------------------------------------------------------ hot path
+    def search(self, scope: Scope, query: str, exclude_session: str, budget_tokens: int,
+               query_embedding: np.ndarray | None = None) -> tuple[_UserIndex, np.ndarray, np.ndarray]:
+        """(index, rows best first, their relevance in (0, 1]) worth about budget * candidate_factor tokens."""
+        r = self.ranking
+        with self._lock:
+            key = (scope.tenant_id, scope.user_id)
+            state = self._users.get(key)
+            if state is None:
+                state = self._load(scope)
+            else:
+                self._users.move_to_end(key)
+            empty = np.zeros(0, np.int64), np.zeros(0)
+            if not len(state) or not query:
+                return state, *empty
+            qvec = query_embedding if query_embedding is not None and query_embedding.shape == (self.dim,) else (
+                self.embedder.embed([query])[0] if self.embedder is not None
+                else fastpath.hash_embed([query], self.dim)[0])
+            score = state.rank(query, qvec, exclude_session, r)
+        finite = np.isfinite(score) & (score > 0)
+        if not finite.any():
+            return state, *empty
+        n_live = int(finite.sum())
+        want = min(r.max_candidates, n_live)
+        part = np.argpartition(-np.where(finite, score, -1.0), want - 1)[:want] if want < len(score) else \
+            np.arange(len(score))
+        order = part[np.argsort(-score[part], kind="stable")]
+        order = order[finite[order]]
+        # Keep only as many turns as could be packed (with slack for dedup and other categories).
+        cum = np.cumsum(state.tokens[order])
+        keep = int(np.searchsorted(cum, max(budget_tokens, 1) * r.candidate_factor, side="right")) + 1
+        order = order[:keep]
+        return state, order, score[order] / score[order[0]]
+
+    def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
+        batch = CandidateBatch(category=SoftCategory.MEMORIES, section=Section.MEMORIES)
+        budget = inp.budget.memories + (inp.budget.recent_messages if inp.budget.flow_unused else 0)
+        if inp.budget.memories <= 0 or not inp.query:
+            return [batch]
+        state, rows, relevance = self.search(inp.scope, inp.query, inp.view.session.session_id, budget,
+                                             inp.query_embedding)
+        if not len(rows):
+            return [batch]
+        ids, texts = state.ids, state.texts
+        row_list = rows.tolist()
+        batch.texts = [texts[i] for i in row_list]
+        batch.sources = [f"message:{ids[i]}" for i in row_list]
+        batch.tokens = state.tokens[rows]
+        batch.relevance = relevance
+        batch.age_s = np.maximum(inp.now_ms - state.timestamps[rows], 0) / 1000.0
+        batch.priority = np.zeros(len(rows))
+        batch.exact_keys = state.exact[rows]
+        batch.simhashes = state.simhash[rows]
+        ts, seqs, roles = state.timestamps[rows].tolist(), state.seqs[rows].tolist(), state.roles[rows].tolist()
+        # Packed turns read as a timeline: order by time, then by sequence inside a session.
+        batch.meta = lambda j: (roles[j], ts[j], float(ts[j]) * 1000.0 + seqs[j] % 1000, (ids[row_list[j]],))
+        return [batch]
