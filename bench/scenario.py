@@ -81,6 +81,7 @@ class SyntheticSource:
 
 def feature_arrays(batches: list[CandidateBatch]) -> dict[str, np.ndarray]:
     """The arrays fastpath.select takes, for timing it apart from the service."""
+    batches = [b for b in batches if len(b)]
     return {
         "relevance": np.array([r for b in batches for r in b.relevance], np.float64),
         "age_s": np.array([a for b in batches for a in b.age_s], np.float64),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -251,23 +250,24 @@ class ContextBuilder:
                               flow_unused=budget.flow_unused)
         clock.lap("select")
 
-        def locate(i: int) -> tuple[CandidateBatch, int]:
-            k = bisect_right(offsets, i) - 1
-            return live[k], i - offsets[k]
+        starts = np.asarray(offsets[:-1], np.int64)
+
+        def owners(indices: np.ndarray) -> zip:
+            """(global index, batch, index inside the batch) for each index, located in one numpy call."""
+            k = np.searchsorted(starts, indices, side="right") - 1
+            return zip(indices.tolist(), [live[x] for x in k.tolist()], (indices - starts[k]).tolist(), strict=True)
 
         by_section: dict[Section, list[Item]] = {s: [] for s in SOFT_SECTIONS}
         scores = sel.scores.tolist()
         token_list = tokens.tolist()
         wires = {b.category: b.category.wire for b in live}
-        for i in sel.selected_in_order.tolist():
-            b, j = locate(i)
+        for i, b, j in owners(sel.selected_in_order):
             role, ts, order_key, message_ids = b.meta(j) if b.meta else (0, 0, None, ())
             by_section[b.section].append(Item(
-                source=b.sources[j], category=wires[b.category], score=scores[i], tokens=token_list[i], text=b.texts[j],
-                role=role, timestamp_ms=ts, source_message_ids=message_ids,
-                order_key=-scores[i] if order_key is None else order_key))
+                b.sources[j], wires[b.category], scores[i], token_list[i], b.texts[j], role, ts, message_ids,
+                -scores[i] if order_key is None else order_key))
         for items in by_section.values():
-            items.sort(key=lambda it: it.order_key)
+            items.sort(key=_order_key)
 
         # Drops: every one is counted; the most relevant are listed (the long tail is usually noise).
         status = sel.status
@@ -275,17 +275,15 @@ class ContextBuilder:
         counts: dict[int, int] = {}
         for code, n in zip(*np.unique(status[not_selected], return_counts=True), strict=True):
             counts[_STATUS_TO_DROP[int(code)]] = int(n)
-        listed = not_selected[np.argsort(-sel.scores[not_selected], kind="stable")[:max_dropped]].tolist()
-        dup_of = sel.dup_of
-        dropped = []
-        for i in listed:
-            b, j = locate(i)
-            kept = ""
-            if dup_of[i] >= 0:
-                kb, kj = locate(int(dup_of[i]))
-                kept = kb.sources[kj]
-            dropped.append(Dropped(b.sources[j], b.category.wire, _STATUS_TO_DROP[int(status[i])], scores[i],
-                                   token_list[i], kept))
+        listed = not_selected[np.argsort(-sel.scores[not_selected], kind="stable")[:max_dropped]]
+        dup_of = sel.dup_of[listed].tolist()
+        reasons = [_STATUS_TO_DROP[s] for s in status[listed].tolist()]
+        kept_by = {}
+        winners = [d for d in dup_of if d >= 0]
+        if winners:
+            kept_by = {i: b.sources[j] for i, b, j in owners(np.asarray(winners, np.int64))}
+        dropped = [Dropped(b.sources[j], wires[b.category], reason, scores[i], token_list[i], kept_by.get(d, ""))
+                   for (i, b, j), reason, d in zip(owners(listed), reasons, dup_of, strict=True)]
         for b in batches:
             for d in b.dropped:
                 counts[d.reason] = counts.get(d.reason, 0) + 1
@@ -297,6 +295,10 @@ class ContextBuilder:
         usage = [Usage(c.wire, int(sel.effective_budget[c]), int(sel.used[c]), int(considered[c]), int(picked[c]),
                        int(sel.flowed_in[c])) for c in SoftCategory]
         return list(by_section.items()), usage, dropped, counts, int(sel.used.sum())
+
+
+def _order_key(item: Item) -> float:
+    return item.order_key
 
 
 def _knowledge_status(batches: list[CandidateBatch]) -> int:

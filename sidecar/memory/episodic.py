@@ -39,7 +39,14 @@ class Ranking:
     """Knobs of the ranker; defaults tuned on LoCoMo conversations 1-5 (bench/recall.py)."""
 
     neighbours: int = 4  # same-session turns on each side scored with the turn
-    neighbour_decay: float = 0.55  # weight of the k-th neighbour: decay ** k
+    prev_decay: float = 0.55  # weight of the k-th previous turn: prev_decay ** k
+    next_decay: float = 0.55  # weight of the k-th next turn
+    k1: float = 1.2
+    b: float = 0.75
+    session_weight: float = 0.0  # share of the best-matching turn of the same session
+    drop_names: bool = False  # leave the people's names out of the lexical query (the speaker boost has them)
+    question_stopwords: bool = False
+    window_doc: float = 0.0  # weight of BM25 over the window as one pseudo-document (coverage of distinct terms)
     dense_weight: float = 0.5  # share of the dense cosine in the fused score
     dense_neighbours: bool = True
     speaker_boost: float = 0.25  # turns spoken by a person the query names
@@ -62,6 +69,7 @@ _RULES = (("ational", "ate", 3), ("iveness", "ive", 3), ("fulness", "ful", 3), (
 _DOUBLE = frozenset("bdfgmnprt")
 
 
+
 def stem(word: str) -> str:
     """A compact English stemmer: "painting"/"painted"/"paints" -> "paint", "hobbies" -> "hobby"."""
     if len(word) <= 3 or not word.isascii() or word.isdigit():
@@ -79,6 +87,13 @@ def stem(word: str) -> str:
                 base = base[:-1]  # "running" -> "run"
             return base + repl
     return word
+
+
+# Words of how a question is asked, not of what it is about.
+QUESTION_WORDS = frozenset(stem(w) for w in (
+    "kind type likely would think thing things something ever many much often long did does "
+    "doing get got go went say said mention mentioned tell told"
+).split())
 
 
 def terms(text: str, *, stemmed: bool = True) -> list[str]:
@@ -109,8 +124,8 @@ def render_turn(speaker: str, role: Role, text: str, timestamp_ms: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------- index
-@dataclass(slots=True)
-class _UserIndex:
+@dataclass
+class _UserIndex:  # not slots: the arrays are set in __post_init__
     dim: int
     cap: int = 256
     window: int = 4
@@ -208,7 +223,7 @@ class _UserIndex:
             self.total_len += len(words)
         return len(fresh)
 
-    def bm25(self, query_terms: Sequence[str]) -> np.ndarray:
+    def bm25(self, query_terms: Sequence[str], k1: float = BM25_K1, b: float = BM25_B) -> np.ndarray:
         n = len(self.ids)
         acc = np.zeros(n + 1, np.float32)  # + 1: a zero sentinel that "no neighbour" (-1) points at
         avg_len = max(self.total_len / max(n, 1), 1.0)
@@ -222,8 +237,37 @@ class _UserIndex:
             rows, tfs = arrays
             df = len(rows)
             idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
-            norm = BM25_K1 * (1.0 - BM25_B + BM25_B * self.doc_len[rows] / avg_len)
-            acc[rows] += idf * tfs * (BM25_K1 + 1.0) / (tfs + norm)  # rows are unique per term
+            norm = k1 * (1.0 - b + b * self.doc_len[rows] / avg_len)
+            acc[rows] += idf * tfs * (k1 + 1.0) / (tfs + norm)  # rows are unique per term
+        return acc
+
+    def window_bm25(self, query_terms: Sequence[str], decay: np.ndarray, k1: float, b: float) -> np.ndarray:
+        """BM25 of each turn's neighbourhood as one document: the decayed term counts of the window
+        saturate per term, so a window that covers more of the query's terms wins."""
+        n = len(self.ids)
+        nbr = self.nbr[:n]
+        gather = np.where(nbr < 0, n, nbr)
+        lens = np.zeros(n + 1, np.float32)
+        lens[:n] = self.doc_len[:n]
+        win_len = lens[:n] + lens[gather] @ decay
+        avg_len = max(float(win_len.mean()) if n else 1.0, 1.0)
+        norm = k1 * (1.0 - b + b * win_len / avg_len)
+        acc = np.zeros(n, np.float32)
+        tf = np.zeros(n + 1, np.float32)
+        for t in set(query_terms):
+            posting = self.postings.get(t)
+            if posting is None:
+                continue
+            arrays = self.arrays.get(t)
+            if arrays is None:
+                arrays = self.arrays[t] = (np.asarray(posting[0], np.int64), np.asarray(posting[1], np.float32))
+            rows, tfs = arrays
+            df = len(rows)
+            idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+            tf[:] = 0.0
+            tf[rows] = tfs
+            tw = tf[:n] + tf[gather] @ decay
+            acc += idf * tw * (k1 + 1.0) / (tw + norm)
         return acc
 
     def smooth(self, scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -236,13 +280,28 @@ class _UserIndex:
         """Fused score per row (-inf for rows of the excluded session)."""
         n = len(self.ids)
         w = self.window
-        decay = np.array([r.neighbour_decay ** k for k in range(w, 0, -1)] +
-                         [r.neighbour_decay ** k for k in range(1, w + 1)], np.float32)
+        decay = np.array([r.prev_decay ** k for k in range(w, 0, -1)] +
+                         [r.next_decay ** k for k in range(1, w + 1)], np.float32)
         decay[np.abs(np.r_[np.arange(-w, 0), np.arange(1, w + 1)]) > r.neighbours] = 0.0
         q_terms = terms(query, stemmed=r.stem)
-        lex = self.smooth(self.bm25(q_terms), decay)
+        words = set(_WORD_RE.findall(query.lower()))
+        named = [sid for name, sid in self.speakers.items() if name in words or name.split(" ")[0] in words]
+        if r.drop_names:
+            names = {stem(x) for name in self.speakers for x in name.split()}
+            kept = [t for t in q_terms if t not in names]
+            q_terms = kept or q_terms
+        if r.question_stopwords:
+            q_terms = [t for t in q_terms if t not in QUESTION_WORDS] or q_terms
+        lex = self.smooth(self.bm25(q_terms, r.k1, r.b), decay)
+        if r.window_doc > 0:
+            win = self.window_bm25(q_terms, decay, r.k1, r.b)
+            lex = (1.0 - r.window_doc) * lex / max(float(lex.max()), 1e-9) + r.window_doc * win / max(float(win.max()), 1e-9)
         top = float(lex.max()) if n else 0.0
         score = lex / top if top > 0 else lex
+        if r.session_weight > 0 and n:
+            best = np.zeros(len(self.session_rows), np.float32)
+            np.maximum.at(best, self.session_of[:n], score)
+            score = score + r.session_weight * best[self.session_of[:n]]
         if qvec is not None and r.dense_weight > 0 and np.any(qvec):
             dense = np.zeros(n + 1, np.float32)
             dense[:n] = self.vectors[:n] @ qvec
@@ -255,8 +314,6 @@ class _UserIndex:
             if dtop > 0:
                 score = (1.0 - r.dense_weight) * score + r.dense_weight * dense / dtop
         score = score.astype(np.float64)
-        words = set(_WORD_RE.findall(query.lower()))
-        named = [sid for name, sid in self.speakers.items() if name in words or name.split(" ")[0] in words]
         if named and r.speaker_boost and len(named) < len(self.speakers):
             score *= np.where(np.isin(self.speaker_of[:n], named), 1.0 + r.speaker_boost, 1.0)
         months, years = query_dates(query)

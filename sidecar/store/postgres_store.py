@@ -1,0 +1,627 @@
+"""PostgreSQL backend: a shared database that several sidecar replicas may use at once.
+
+Same tables, columns and method semantics as DuckDBStore (the reference backend), with what
+sharing needs:
+
+* Every call runs in one transaction on a pooled connection (psycopg 3 + psycopg_pool). A write
+  method's transaction has committed when it returns.
+* Row-level security (see pg_schema): each transaction that touches user data first runs
+  set_config('sidecar.tenant_id' / 'sidecar.user_id', <scope>, true), so the database itself
+  limits every statement to the caller's rows; the explicit WHERE clauses stay as a second
+  fence. Only claim_job, finish_job, requeue_running_jobs, the change-feed reads and migrations
+  set 'sidecar.system' = 'on', the policy's bypass for work across users. RLS is not applied to
+  superusers or BYPASSRLS roles: run the sidecar as an ordinary role (`rls_enforced` says
+  whether the connecting role is subject to it).
+* No process-local state: message sequence numbers are drawn inside the transaction under a
+  transaction-level advisory lock keyed by (schema, tenant, user, session), so concurrent
+  appenders in any number of processes serialise per session (also when the session row does not
+  exist, which DuckDBStore allows too); memory history order comes from a database sequence; jobs
+  are claimed with FOR UPDATE SKIP LOCKED.
+* change_log + pg_notify('sidecar_changes', seq) in the writing transaction, for replicas
+  (ChangeFeed in change_feed.py). Seq numbers are drawn under one advisory lock per schema held
+  to commit, so seq order is commit order and "last seq seen" is a safe cursor. pg_notify already
+  serialises the commits of notifying transactions database-wide, so this lock costs little more.
+* Upserts use INSERT ... ON CONFLICT DO UPDATE rather than DuckDB's DELETE + INSERT, which under
+  READ COMMITTED can fail with a unique violation when two replicas write the same key at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+from sidecar.domain import (
+    Authority,
+    Fact,
+    FactChange,
+    FactStatus,
+    Job,
+    JobStatus,
+    Memory,
+    MemoryChange,
+    MemoryStatus,
+    MemoryType,
+    Message,
+    NewMessage,
+    Provenance,
+    Role,
+    Run,
+    RunCheckpoint,
+    RunStatus,
+    Scope,
+    Session,
+    SessionStatus,
+)
+from sidecar.ids import new_id
+from sidecar.store.change_feed import Change
+from sidecar.store.pg_schema import MIGRATIONS, NOTIFY_CHANNEL, USER_TABLES
+
+log = logging.getLogger(__name__)
+
+_SESSION_COLS = ("tenant_id, user_id, session_id, title, status, created_at_ms, updated_at_ms, closed_at_ms, "
+                 "parent_session_id, task, metadata")
+_MESSAGE_COLS = ("tenant_id, user_id, session_id, seq, message_id, role, text, tool_name, tool_call_id, "
+                 "timestamp_ms, created_at_ms, tokens, line_tokens, idempotency_key, speaker")
+_FACT_COLS = "key, value, provenance, source, updated_at_ms, status, version, tokens"
+_RUN_COLS = "run_id, session_id, status, goal, reason, created_at_ms, updated_at_ms"
+_MEMORY_COLS = ("memory_id, type, content, subject, source_message_ids, confidence, authority, created_at_ms, "
+                "updated_at_ms, expires_at_ms, status, superseded_by, tokens")
+_JOB_COLS = ("job_id, tenant_id, user_id, kind, payload, status, attempts, error, done_items, total_items, "
+             "created_at_ms, updated_at_ms, result")
+_MEMORY_HISTORY_COLS = ("tenant_id, user_id, memory_id, at_ms, action, reason, type, content, subject, "
+                        "source_message_ids, confidence, authority, expires_at_ms, status, superseded_by")
+
+_MESSAGE_STATS = ("(SELECT count(*) FROM messages m WHERE m.tenant_id = s.tenant_id AND m.user_id = s.user_id "
+                  "AND m.session_id = s.session_id), (SELECT coalesce(max(created_at_ms), 0) FROM messages m "
+                  "WHERE m.tenant_id = s.tenant_id AND m.user_id = s.user_id AND m.session_id = s.session_id)")
+
+_SET_SCOPE = "SELECT set_config('sidecar.tenant_id', %s, true), set_config('sidecar.user_id', %s, true)"
+_SET_SYSTEM = "SELECT set_config('sidecar.system', 'on', true)"
+
+_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def _lock_key(*parts: str) -> int:
+    """A signed 64-bit advisory-lock key for the parts (collisions only cost extra waiting)."""
+    digest = hashlib.blake2b("\x00".join(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class PostgresStore:
+    def __init__(self, dsn: str, *, schema: str = "public", min_size: int = 1, max_size: int = 8,
+                 open_timeout_s: float = 30.0) -> None:
+        if not _SCHEMA_NAME.match(schema):
+            raise ValueError(f"schema must be a plain identifier (got {schema!r})")
+        self.dsn = dsn
+        self.schema = schema
+        self._feed_lock = _lock_key("sidecar.change_log", schema)
+        self._migrate_lock = _lock_key("sidecar.migrate", schema)
+        self._set_path = sql.SQL("SET search_path TO {}").format(sql.Identifier(schema))
+        self._pool = ConnectionPool(
+            dsn, min_size=min_size, max_size=max_size, kwargs={"autocommit": True},
+            configure=self._configure, open=False, name=f"sidecar-{schema}",
+        )
+        self._pool.open(wait=True, timeout=open_timeout_s)
+        try:
+            self.migrate()
+            with self._pool.connection() as conn:
+                bypass = conn.execute("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user"
+                                      ).fetchone()
+            self.rls_enforced = not (bypass and bypass[0])
+            if not self.rls_enforced:
+                log.warning("PostgresStore: role of %r is a superuser or has BYPASSRLS; row-level security is "
+                            "NOT enforced for it (the WHERE clauses still scope every query)", schema)
+        except BaseException:
+            self._pool.close()
+            raise
+
+    # ------------------------------------------------------------------ plumbing
+    def _configure(self, conn: psycopg.Connection) -> None:
+        conn.execute(self._set_path)
+
+    @contextmanager
+    def _tx(self, scope: Scope | None = None, *, system: bool = False) -> Iterator[psycopg.Cursor]:
+        """One transaction on a pooled connection, with the RLS settings of `scope` (or the system
+        bypass) set transaction-locally before anything else runs."""
+        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            if scope is not None:
+                cur.execute(_SET_SCOPE, [scope.tenant_id, scope.user_id])
+            if system:
+                cur.execute(_SET_SYSTEM)
+            yield cur
+
+    def _query(self, scope: Scope | None, query: str, params: Sequence[Any] = (), *,
+               system: bool = False) -> list[tuple]:
+        with self._tx(scope, system=system) as cur:
+            cur.execute(query, params)
+            return cur.fetchall()
+
+    @staticmethod
+    def _set_scope(cur: psycopg.Cursor, tenant_id: str, user_id: str) -> None:
+        cur.execute(_SET_SCOPE, [tenant_id, user_id])
+
+    def migrate(self) -> None:
+        """Apply pending migrations (also run at open). Safe when replicas start at once."""
+        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [self._migrate_lock])
+            cur.execute(_SET_SYSTEM)
+            cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", [self.schema])
+            if cur.fetchone() is None:
+                cur.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self.schema)))
+            cur.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, "
+                        "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+            cur.execute("SELECT version FROM schema_migrations")
+            applied = {row[0] for row in cur.fetchall()}
+            for version, description, ddl in MIGRATIONS:
+                if version in applied:
+                    continue
+                cur.execute(ddl)  # several statements: sent as one simple query (no parameters)
+                cur.execute("INSERT INTO schema_migrations (version, description) VALUES (%s, %s)",
+                            [version, description])
+
+    def schema_version(self) -> int:
+        return self._query(None, "SELECT coalesce(max(version), 0) FROM schema_migrations")[0][0]
+
+    @staticmethod
+    def _insert_many(cur: psycopg.Cursor, table: str, columns: str, rows: Sequence[Sequence[Any]],
+                     suffix: str = "") -> None:
+        if not rows:
+            return
+        marks = ", ".join(["%s"] * len(rows[0]))
+        query = f"INSERT INTO {table} ({columns}) VALUES ({marks}){suffix}"
+        if len(rows) == 1:
+            cur.execute(query, rows[0])
+        else:
+            cur.executemany(query, rows)  # pipelined: one round trip for the batch
+
+    def _log_changes(self, cur: psycopg.Cursor, scope: Scope, kind: str, keys: Sequence[str]) -> None:
+        """Append to change_log and notify, inside the caller's transaction. Call last: the
+        advisory lock is held to commit, which makes change_log seq order the commit order."""
+        if not keys:
+            return
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", [self._feed_lock])
+        cur.execute(
+            "WITH ins AS (INSERT INTO change_log (tenant_id, user_id, kind, key) "
+            "SELECT %s, %s, %s, k FROM unnest(%s::text[]) WITH ORDINALITY AS u(k, n) ORDER BY n RETURNING seq) "
+            "SELECT pg_notify(%s, max(seq)::text) FROM ins",
+            [scope.tenant_id, scope.user_id, kind, list(keys), NOTIFY_CHANNEL])
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # ------------------------------------------------------------------ change feed
+    @staticmethod
+    def _change(r: tuple) -> Change:
+        return Change(seq=r[0], tenant_id=r[1], user_id=r[2], kind=r[3], key=r[4], at_ms=r[5])
+
+    def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
+        """Changes after `seq`, oldest first, across all users (a system read, for replicas)."""
+        rows = self._query(None, "SELECT seq, tenant_id, user_id, kind, key, at_ms FROM change_log WHERE seq > %s "
+                           "ORDER BY seq LIMIT %s", [seq, limit], system=True)
+        return [self._change(r) for r in rows]
+
+    def current_change_seq(self) -> int:
+        """The seq of the newest visible change (0 when none): start a feed from here."""
+        return self._query(None, "SELECT coalesce(max(seq), 0) FROM change_log", system=True)[0][0]
+
+    # ------------------------------------------------------------------ sessions
+    @staticmethod
+    def _session(row: tuple) -> Session:
+        return Session(
+            tenant_id=row[0], user_id=row[1], session_id=row[2], title=row[3], status=SessionStatus(row[4]),
+            created_at_ms=row[5], updated_at_ms=max(row[6], row[12]), closed_at_ms=row[7], parent_session_id=row[8],
+            task=row[9], metadata=json.loads(row[10]), message_count=row[11],
+        )
+
+    def create_session(self, scope: Scope, session: Session) -> None:
+        with self._tx(scope) as cur:
+            self._insert_many(cur, "sessions", _SESSION_COLS, [(
+                scope.tenant_id, scope.user_id, session.session_id, session.title, int(session.status),
+                session.created_at_ms, session.updated_at_ms, session.closed_at_ms, session.parent_session_id,
+                session.task, json.dumps(session.metadata, sort_keys=True),
+            )])
+
+    def get_session(self, scope: Scope, session_id: str) -> Session | None:
+        rows = self._query(
+            scope,
+            f"SELECT {_SESSION_COLS}, {_MESSAGE_STATS} FROM sessions s "
+            "WHERE tenant_id = %s AND user_id = %s AND session_id = %s",
+            [scope.tenant_id, scope.user_id, session_id],
+        )
+        return self._session(rows[0]) if rows else None
+
+    def list_sessions(self, scope: Scope, *, limit: int, offset: int, include_closed: bool) -> list[Session]:
+        status_filter = "" if include_closed else f"AND status = {int(SessionStatus.OPEN)}"
+        rows = self._query(
+            scope,
+            f"SELECT {_SESSION_COLS}, {_MESSAGE_STATS} FROM sessions s "
+            f"WHERE tenant_id = %s AND user_id = %s {status_filter} "
+            "ORDER BY created_at_ms DESC, session_id DESC LIMIT %s OFFSET %s",
+            [scope.tenant_id, scope.user_id, limit, offset],
+        )
+        return [self._session(r) for r in rows]
+
+    def close_session(self, scope: Scope, session_id: str, at_ms: int) -> None:
+        with self._tx(scope) as cur:
+            cur.execute(
+                "UPDATE sessions SET status = %s, closed_at_ms = %s, updated_at_ms = %s "
+                "WHERE tenant_id = %s AND user_id = %s AND session_id = %s",
+                [int(SessionStatus.CLOSED), at_ms, at_ms, scope.tenant_id, scope.user_id, session_id],
+            )
+            if cur.rowcount:
+                self._log_changes(cur, scope, "session", [session_id])
+
+    # ------------------------------------------------------------------ messages
+    @staticmethod
+    def _message(r: tuple) -> Message:
+        return Message(
+            session_id=r[2], seq=r[3], message_id=r[4], role=Role(r[5]), text=r[6], tool_name=r[7],
+            tool_call_id=r[8], timestamp_ms=r[9], created_at_ms=r[10], tokens=r[11], line_tokens=r[12],
+            idempotency_key=r[13], speaker=r[14],
+        )
+
+    def append_messages(
+        self, scope: Scope, session_id: str, messages: Sequence[NewMessage], token_counts: Sequence[tuple[int, int]],
+        now_ms: int,
+    ) -> list[Message]:
+        """Store a batch atomically. Messages whose idempotency key is already stored in the session
+        are not stored again; the stored row is returned in their place. Sequence numbers are drawn
+        under a per-session advisory lock, so concurrent appenders (any process) never collide."""
+        owner = [scope.tenant_id, scope.user_id, session_id]
+        with self._tx(scope) as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)",
+                        [_lock_key("sidecar.messages", self.schema, *owner)])
+            key_params = [m.idempotency_key for m in messages if m.idempotency_key]
+            existing: dict[str, Message] = {}
+            if key_params:
+                cur.execute(f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant_id = %s AND user_id = %s "
+                            "AND session_id = %s AND idempotency_key = ANY(%s)", [*owner, key_params])
+                for r in cur.fetchall():
+                    existing[r[13]] = self._message(r)
+            cur.execute("SELECT coalesce(max(seq), 0) + 1 FROM messages WHERE tenant_id = %s AND user_id = %s "
+                        "AND session_id = %s", owner)
+            next_seq = cur.fetchone()[0]
+            out: list[Message] = []
+            rows = []
+            for m, (tokens, line_tokens) in zip(messages, token_counts, strict=True):
+                if m.idempotency_key and m.idempotency_key in existing:
+                    out.append(existing[m.idempotency_key])
+                    continue
+                msg = Message(
+                    message_id=new_id("msg"), session_id=session_id, seq=next_seq, role=m.role, text=m.text,
+                    tool_name=m.tool_name, tool_call_id=m.tool_call_id, timestamp_ms=m.client_timestamp_ms or now_ms,
+                    created_at_ms=now_ms, tokens=tokens, line_tokens=line_tokens,
+                    idempotency_key=m.idempotency_key, speaker=m.speaker,
+                )
+                if m.idempotency_key:
+                    existing[m.idempotency_key] = msg  # a key repeated inside one batch is stored once
+                next_seq += 1
+                out.append(msg)
+                rows.append((scope.tenant_id, scope.user_id, session_id, msg.seq, msg.message_id, int(msg.role),
+                             msg.text, msg.tool_name, msg.tool_call_id, msg.timestamp_ms, msg.created_at_ms,
+                             msg.tokens, msg.line_tokens, msg.idempotency_key, msg.speaker))
+            self._insert_many(cur, "messages", _MESSAGE_COLS, rows)
+            if rows:
+                self._log_changes(cur, scope, "message", [session_id])
+            return out
+
+    def list_messages(
+        self, scope: Scope, session_id: str, *, newest: int = 0, from_seq: int = 0, to_seq: int = 0
+    ) -> list[Message]:
+        base = f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant_id = %s AND user_id = %s AND session_id = %s"
+        params: list[Any] = [scope.tenant_id, scope.user_id, session_id]
+        if newest > 0:
+            rows = self._query(scope, base + " ORDER BY seq DESC LIMIT %s", [*params, newest])
+            rows.reverse()
+        else:
+            query = base + " AND seq >= %s"
+            params.append(max(from_seq, 1))
+            if to_seq > 0:
+                query += " AND seq <= %s"
+                params.append(to_seq)
+            rows = self._query(scope, query + " ORDER BY seq", params)
+        return [self._message(r) for r in rows]
+
+    def get_messages(self, scope: Scope, session_id: str, message_ids: Sequence[str]) -> list[Message]:
+        if not message_ids:
+            return []
+        rows = self._query(scope, f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant_id = %s AND user_id = %s AND "
+                           "session_id = %s AND message_id = ANY(%s) ORDER BY seq",
+                           [scope.tenant_id, scope.user_id, session_id, list(message_ids)])
+        return [self._message(r) for r in rows]
+
+    # ------------------------------------------------------------------ facts
+    @staticmethod
+    def _fact(r: Sequence[Any]) -> Fact:
+        return Fact(key=r[0], value=r[1], provenance=Provenance(r[2]), source=r[3], updated_at_ms=r[4],
+                    status=FactStatus(r[5]), version=r[6], tokens=r[7])
+
+    def get_facts(self, scope: Scope, session_id: str) -> list[Fact]:
+        rows = self._query(
+            scope,
+            f"SELECT {_FACT_COLS} FROM facts WHERE tenant_id = %s AND user_id = %s AND session_id = %s "
+            "ORDER BY key, status",
+            [scope.tenant_id, scope.user_id, session_id],
+        )
+        return [self._fact(r) for r in rows]
+
+    def write_facts(
+        self, scope: Scope, session_id: str, upserts: Sequence[Fact], deletes: Sequence[tuple[str, int]],
+        changes: Sequence[FactChange], at_ms: int,
+    ) -> None:
+        """Replace fact rows (by key and status), delete others, and append history: one transaction."""
+        owner = [scope.tenant_id, scope.user_id, session_id]
+        with self._tx(scope) as cur:
+            if deletes:
+                cur.execute(
+                    "DELETE FROM facts f USING unnest(%s::text[], %s::smallint[]) AS d(key, status) "
+                    "WHERE f.tenant_id = %s AND f.user_id = %s AND f.session_id = %s AND f.key = d.key "
+                    "AND f.status = d.status",
+                    [[k for k, _ in deletes], [int(s) for _, s in deletes], *owner])
+            self._insert_many(
+                cur, "facts", "tenant_id, user_id, session_id, " + _FACT_COLS,
+                [(*owner, f.key, f.value, int(f.provenance), f.source, f.updated_at_ms, int(f.status), f.version,
+                  f.tokens) for f in upserts],
+                suffix=" ON CONFLICT (tenant_id, user_id, session_id, key, status) DO UPDATE SET "
+                       "value = EXCLUDED.value, provenance = EXCLUDED.provenance, source = EXCLUDED.source, "
+                       "updated_at_ms = EXCLUDED.updated_at_ms, version = EXCLUDED.version, "
+                       "tokens = EXCLUDED.tokens")
+            self._insert_many(
+                cur, "fact_history",
+                "tenant_id, user_id, session_id, key, version, status, value, provenance, source, at_ms, action, "
+                "reason, tokens",
+                [(*owner, ch.fact.key, ch.fact.version, int(ch.fact.status), ch.fact.value, int(ch.fact.provenance),
+                  ch.fact.source, at_ms, ch.action, ch.reason, ch.fact.tokens) for ch in changes])
+            cur.execute("UPDATE sessions SET updated_at_ms = %s WHERE tenant_id = %s AND user_id = %s "
+                        "AND session_id = %s", [at_ms, *owner])
+            self._log_changes(cur, scope, "facts", [session_id])
+
+    def fact_history(self, scope: Scope, session_id: str, key: str) -> list[FactChange]:
+        rows = self._query(
+            scope,
+            "SELECT key, value, provenance, source, at_ms, status, version, tokens, action, reason FROM fact_history "
+            "WHERE tenant_id = %s AND user_id = %s AND session_id = %s AND key = %s ORDER BY version, at_ms",
+            [scope.tenant_id, scope.user_id, session_id, key],
+        )
+        return [FactChange(fact=self._fact(r[:8]), action=r[8], reason=r[9]) for r in rows]
+
+    # ------------------------------------------------------------------ runs
+    @staticmethod
+    def _run(r: tuple, checkpoints: int) -> Run:
+        return Run(run_id=r[0], session_id=r[1], status=RunStatus(r[2]), goal=r[3], reason=r[4],
+                   created_at_ms=r[5], updated_at_ms=r[6], checkpoint_count=checkpoints)
+
+    def create_run(self, scope: Scope, run: Run) -> None:
+        with self._tx(scope) as cur:
+            self._insert_many(cur, "runs", "tenant_id, user_id, " + _RUN_COLS, [(
+                scope.tenant_id, scope.user_id, run.run_id, run.session_id, int(run.status), run.goal, run.reason,
+                run.created_at_ms, run.updated_at_ms)])
+
+    def get_run(self, scope: Scope, run_id: str) -> Run | None:
+        rows = self._query(
+            scope,
+            f"SELECT {_RUN_COLS}, (SELECT count(*) FROM run_checkpoints k WHERE k.tenant_id = r.tenant_id AND "
+            "k.user_id = r.user_id AND k.run_id = r.run_id) FROM runs r "
+            "WHERE tenant_id = %s AND user_id = %s AND run_id = %s",
+            [scope.tenant_id, scope.user_id, run_id],
+        )
+        return self._run(rows[0], rows[0][-1]) if rows else None
+
+    def update_run(self, scope: Scope, run: Run) -> None:
+        with self._tx(scope) as cur:
+            cur.execute("UPDATE runs SET status = %s, reason = %s, updated_at_ms = %s "
+                        "WHERE tenant_id = %s AND user_id = %s AND run_id = %s",
+                        [int(run.status), run.reason, run.updated_at_ms, scope.tenant_id, scope.user_id, run.run_id])
+
+    def add_checkpoint(self, scope: Scope, checkpoint: RunCheckpoint) -> None:
+        with self._tx(scope) as cur:
+            self._insert_many(cur, "run_checkpoints",
+                              "tenant_id, user_id, run_id, seq, checkpoint_id, state, pending_step, created_at_ms",
+                              [(scope.tenant_id, scope.user_id, checkpoint.run_id, checkpoint.seq,
+                                checkpoint.checkpoint_id, bytes(checkpoint.state), checkpoint.pending_step,
+                                checkpoint.created_at_ms)])
+
+    def last_checkpoint(self, scope: Scope, run_id: str) -> RunCheckpoint | None:
+        rows = self._query(
+            scope,
+            "SELECT checkpoint_id, run_id, seq, state, pending_step, created_at_ms FROM run_checkpoints "
+            "WHERE tenant_id = %s AND user_id = %s AND run_id = %s ORDER BY seq DESC LIMIT 1",
+            [scope.tenant_id, scope.user_id, run_id],
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        return RunCheckpoint(checkpoint_id=r[0], run_id=r[1], seq=r[2], state=bytes(r[3]), pending_step=r[4],
+                             created_at_ms=r[5])
+
+    # ------------------------------------------------------------------ jobs
+    @staticmethod
+    def _job(r: tuple) -> Job:
+        return Job(job_id=r[0], tenant_id=r[1], user_id=r[2], kind=r[3], payload=json.loads(r[4]),
+                   status=JobStatus(r[5]), attempts=r[6], error=r[7], done_items=r[8], total_items=r[9],
+                   created_at_ms=r[10], updated_at_ms=r[11], result=json.loads(r[12]))
+
+    @staticmethod
+    def _job_row(j: Job) -> tuple:
+        return (j.job_id, j.tenant_id, j.user_id, j.kind, json.dumps(j.payload), int(j.status), j.attempts, j.error,
+                j.done_items, j.total_items, j.created_at_ms, j.updated_at_ms, json.dumps(j.result))
+
+    def _insert_jobs(self, cur: psycopg.Cursor, jobs: Sequence[Job]) -> None:
+        """Insert jobs under each job's own scope (RLS checks every row against the settings)."""
+        by_owner: dict[tuple[str, str], list[Job]] = {}
+        for j in jobs:
+            by_owner.setdefault((j.tenant_id, j.user_id), []).append(j)
+        for (tenant_id, user_id), group in by_owner.items():
+            self._set_scope(cur, tenant_id, user_id)
+            self._insert_many(cur, "jobs", _JOB_COLS, [self._job_row(j) for j in group])
+
+    def enqueue_jobs(self, jobs: Sequence[Job]) -> None:
+        if not jobs:
+            return
+        with self._tx() as cur:
+            self._insert_jobs(cur, jobs)
+
+    def get_job(self, scope: Scope, job_id: str) -> Job | None:
+        rows = self._query(scope, f"SELECT {_JOB_COLS} FROM jobs WHERE tenant_id = %s AND user_id = %s "
+                           "AND job_id = %s", [scope.tenant_id, scope.user_id, job_id])
+        return self._job(rows[0]) if rows else None
+
+    def unfinished_jobs(self, scope: Scope) -> list[Job]:
+        rows = self._query(
+            scope,
+            f"SELECT {_JOB_COLS} FROM jobs WHERE tenant_id = %s AND user_id = %s AND status IN (%s, %s) "
+            "ORDER BY created_at_ms",
+            [scope.tenant_id, scope.user_id, int(JobStatus.QUEUED), int(JobStatus.RUNNING)],
+        )
+        return [self._job(r) for r in rows]
+
+    def claim_job(self, now_ms: int) -> Job | None:
+        """Take the oldest queued job of any user (system transaction). SKIP LOCKED lets workers in
+        several replicas claim concurrently without waiting on or double-claiming a job."""
+        with self._tx(system=True) as cur:
+            cur.execute(
+                f"UPDATE jobs SET status = %s, attempts = attempts + 1, updated_at_ms = %s WHERE job_id = ("
+                f"SELECT job_id FROM jobs WHERE status = %s ORDER BY created_at_ms, job_id LIMIT 1 "
+                f"FOR UPDATE SKIP LOCKED) RETURNING {_JOB_COLS}",
+                [int(JobStatus.RUNNING), now_ms, int(JobStatus.QUEUED)])
+            row = cur.fetchone()
+            return self._job(row) if row else None
+
+    def finish_job(self, job: Job) -> None:
+        with self._tx(system=True) as cur:
+            cur.execute("UPDATE jobs SET status = %s, error = %s, done_items = %s, total_items = %s, "
+                        "updated_at_ms = %s, result = %s WHERE job_id = %s",
+                        [int(job.status), job.error, job.done_items, job.total_items, job.updated_at_ms,
+                         json.dumps(job.result), job.job_id])
+
+    def requeue_running_jobs(self) -> int:
+        """At start-up, jobs a crashed process was running go back to the queue. As in DuckDBStore
+        this requeues EVERY running job: with several replicas, call it only when no other
+        replica's worker is running (a job has no owner/lease column yet)."""
+        with self._tx(system=True) as cur:
+            cur.execute("UPDATE jobs SET status = %s WHERE status = %s",
+                        [int(JobStatus.QUEUED), int(JobStatus.RUNNING)])
+            return cur.rowcount
+
+    # ------------------------------------------------------------------ long-term memory
+    @staticmethod
+    def _memory(r: Sequence[Any]) -> Memory:
+        return Memory(memory_id=r[0], type=MemoryType(r[1]), content=r[2], subject=r[3],
+                      source_message_ids=json.loads(r[4]), confidence=r[5], authority=Authority(r[6]),
+                      created_at_ms=r[7], updated_at_ms=r[8], expires_at_ms=r[9], status=MemoryStatus(r[10]),
+                      superseded_by=r[11], tokens=r[12])
+
+    def put_memories(self, scope: Scope, rows: Sequence[tuple[Memory, bytes]], changes: Sequence[MemoryChange]) -> None:
+        """Insert or replace memory rows and append their history, in one transaction."""
+        with self._tx(scope) as cur:
+            self._insert_many(
+                cur, "memories", "tenant_id, user_id, " + _MEMORY_COLS + ", embedding",
+                [(scope.tenant_id, scope.user_id, m.memory_id, int(m.type), m.content, m.subject,
+                  json.dumps(m.source_message_ids), m.confidence, int(m.authority), m.created_at_ms, m.updated_at_ms,
+                  m.expires_at_ms, int(m.status), m.superseded_by, m.tokens, bytes(emb)) for m, emb in rows],
+                suffix=" ON CONFLICT (tenant_id, user_id, memory_id) DO UPDATE SET type = EXCLUDED.type, "
+                       "content = EXCLUDED.content, subject = EXCLUDED.subject, "
+                       "source_message_ids = EXCLUDED.source_message_ids, confidence = EXCLUDED.confidence, "
+                       "authority = EXCLUDED.authority, created_at_ms = EXCLUDED.created_at_ms, "
+                       "updated_at_ms = EXCLUDED.updated_at_ms, expires_at_ms = EXCLUDED.expires_at_ms, "
+                       "status = EXCLUDED.status, superseded_by = EXCLUDED.superseded_by, "
+                       "tokens = EXCLUDED.tokens, embedding = EXCLUDED.embedding")
+            self._append_memory_history(cur, scope, changes)
+            keys = dict.fromkeys([m.memory_id for m, _ in rows] + [ch.memory.memory_id for ch in changes])
+            self._log_changes(cur, scope, "memory", list(keys))
+
+    def _append_memory_history(self, cur: psycopg.Cursor, scope: Scope, changes: Sequence[MemoryChange]) -> None:
+        # seq comes from the memory_history_seq default, drawn in row order: history keeps the
+        # order of the changes, across batches and replicas.
+        self._insert_many(cur, "memory_history", _MEMORY_HISTORY_COLS, [
+            (scope.tenant_id, scope.user_id, ch.memory.memory_id, ch.at_ms, ch.action, ch.reason, int(ch.memory.type),
+             ch.memory.content, ch.memory.subject, json.dumps(ch.memory.source_message_ids), ch.memory.confidence,
+             int(ch.memory.authority), ch.memory.expires_at_ms, int(ch.memory.status), ch.memory.superseded_by)
+            for ch in changes])
+
+    def get_memory(self, scope: Scope, memory_id: str) -> Memory | None:
+        rows = self._query(scope, f"SELECT {_MEMORY_COLS} FROM memories WHERE tenant_id = %s AND user_id = %s "
+                           "AND memory_id = %s", [scope.tenant_id, scope.user_id, memory_id])
+        return self._memory(rows[0]) if rows else None
+
+    def list_memories(self, scope: Scope, *, limit: int, offset: int, types: Sequence[int], include_inactive: bool,
+                      now_ms: int) -> list[Memory]:
+        query = f"SELECT {_MEMORY_COLS} FROM memories WHERE tenant_id = %s AND user_id = %s"
+        params: list[Any] = [scope.tenant_id, scope.user_id]
+        if types:
+            query += " AND type = ANY(%s::smallint[])"
+            params.append([int(t) for t in types])
+        if not include_inactive:
+            query += " AND status = %s AND (expires_at_ms = 0 OR expires_at_ms > %s)"
+            params += [int(MemoryStatus.ACTIVE), now_ms]
+        rows = self._query(scope, query + " ORDER BY updated_at_ms DESC, memory_id LIMIT %s OFFSET %s",
+                           [*params, limit, offset])
+        return [self._memory(r) for r in rows]
+
+    def active_memories_with_embeddings(self, scope: Scope) -> list[tuple[Memory, bytes]]:
+        rows = self._query(scope, f"SELECT {_MEMORY_COLS}, embedding FROM memories WHERE tenant_id = %s "
+                           "AND user_id = %s AND status = %s ORDER BY created_at_ms, memory_id",
+                           [scope.tenant_id, scope.user_id, int(MemoryStatus.ACTIVE)])
+        return [(self._memory(r), bytes(r[-1])) for r in rows]
+
+    def memory_history(self, scope: Scope, memory_id: str) -> list[MemoryChange]:
+        rows = self._query(
+            scope,
+            "SELECT memory_id, type, content, subject, source_message_ids, confidence, authority, at_ms, at_ms, "
+            "expires_at_ms, status, superseded_by, 0, action, reason, at_ms FROM memory_history "
+            "WHERE tenant_id = %s AND user_id = %s AND memory_id = %s ORDER BY seq",
+            [scope.tenant_id, scope.user_id, memory_id])
+        return [MemoryChange(memory=self._memory(r[:13]), action=r[13], reason=r[14], at_ms=r[15]) for r in rows]
+
+    def delete_memory(self, scope: Scope, memory_id: str, tombstone: MemoryChange) -> None:
+        """Deletion really deletes: the row and every earlier version; a contentless tombstone stays."""
+        owner = [scope.tenant_id, scope.user_id, memory_id]
+        with self._tx(scope) as cur:
+            cur.execute("DELETE FROM memories WHERE tenant_id = %s AND user_id = %s AND memory_id = %s", owner)
+            cur.execute("DELETE FROM memory_history WHERE tenant_id = %s AND user_id = %s AND memory_id = %s", owner)
+            self._append_memory_history(cur, scope, [tombstone])
+            self._log_changes(cur, scope, "memory_delete", [memory_id])
+
+    def superseded_pairs(self, scope: Scope) -> list[tuple[str, str]]:
+        return [tuple(r) for r in self._query(
+            scope, "SELECT memory_id, superseded_by FROM memories WHERE tenant_id = %s AND user_id = %s "
+            "AND status = %s", [scope.tenant_id, scope.user_id, int(MemoryStatus.SUPERSEDED)])]
+
+    # ------------------------------------------------------------------ after-turn commits
+    def commit_watermark(self, scope: Scope, session_id: str) -> int:
+        rows = self._query(scope, "SELECT upto_seq FROM turn_commits WHERE tenant_id = %s AND user_id = %s "
+                           "AND session_id = %s", [scope.tenant_id, scope.user_id, session_id])
+        return rows[0][0] if rows else 0
+
+    def commit_turn(self, scope: Scope, session_id: str, upto_seq: int, jobs: Sequence[Job]) -> None:
+        """Record the watermark (it never moves back) and enqueue the after-turn jobs atomically."""
+        with self._tx(scope) as cur:
+            cur.execute("INSERT INTO turn_commits (tenant_id, user_id, session_id, upto_seq) VALUES (%s, %s, %s, %s) "
+                        "ON CONFLICT (tenant_id, user_id, session_id) DO UPDATE SET "
+                        "upto_seq = greatest(turn_commits.upto_seq, EXCLUDED.upto_seq)",
+                        [scope.tenant_id, scope.user_id, session_id, upto_seq])
+            self._insert_jobs(cur, jobs)
+
+    # ------------------------------------------------------------------ forget
+    def forget_user(self, scope: Scope) -> dict[str, int]:
+        """Delete every row of the user in the tenant, in every table that holds user data, and the
+        user's earlier change_log entries; one 'forget' change is appended for replicas."""
+        counts: dict[str, int] = {}
+        with self._tx(scope) as cur:
+            for table in USER_TABLES:
+                cur.execute(f"DELETE FROM {table} WHERE tenant_id = %s AND user_id = %s",
+                            [scope.tenant_id, scope.user_id])
+                counts[table] = cur.rowcount
+            cur.execute("DELETE FROM change_log WHERE tenant_id = %s AND user_id = %s",
+                        [scope.tenant_id, scope.user_id])
+            self._log_changes(cur, scope, "forget", [""])
+        return counts
