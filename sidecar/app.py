@@ -4,14 +4,18 @@ holds one Sidecar; tests and benches build one directly."""
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 from sidecar.assembly.builder import ContextBuilder
 from sidecar.assembly.message_source import MessageSource
 from sidecar.compress.service import SUMMARY_JOB, CompressionService, CompressionSettings
 from sidecar.compress.sources import SummarySource, ToolObservationSource, pinned_items
 from sidecar.index.embedders import Embedder, make_embedder
-from sidecar.jobs import JobWorker
+from sidecar.jobs import JobWorker, requeue_interrupted
+from sidecar.knowledge.service import INDEX_JOB, KnowledgeService
+from sidecar.knowledge.source import KnowledgeSource, knowledge_beats_memory
 from sidecar.llm import ChatClient
 from sidecar.memory.extract import Extractor, LLMExtractor, RuleBasedExtractor
 from sidecar.memory.pipeline import EXTRACT_JOB, ExtractionPipeline
@@ -32,6 +36,7 @@ class Settings:
     min_confidence: float = 0.7
     job_poll_s: float = 1.0
     compression: CompressionSettings = CompressionSettings()
+    knowledge_threshold: float = 0.2
 
 
 def default_extractor() -> Extractor:
@@ -59,11 +64,22 @@ class Sidecar:
         # A sub-agent's chatter is not the user's word: its turns are summarised, never made memories.
         self.turns = TurnService(self.sessions, self.worker, [EXTRACT_JOB, SUMMARY_JOB],
                                  subsession_job_kinds=[SUMMARY_JOB])
+        index_dir = None if db_path == ":memory:" else Path(db_path).with_suffix(".indexes")
+        self.knowledge = KnowledgeService(self.store, self.embedder, index_dir,
+                                          relevance_threshold=settings.knowledge_threshold)
+        # Indexing has its own worker so a large document never delays memory extraction.
+        self.kb_worker = JobWorker(self.store, {INDEX_JOB: self.knowledge.handle_index_job},
+                                   poll_s=settings.job_poll_s, name="kb-indexer")
+        self.knowledge.worker = self.kb_worker
         self.builder = ContextBuilder(
             self.sessions,
-            [MessageSource(), SummarySource(), ToolObservationSource(self.store), MemorySource(self.memories)],
-            pinned=pinned_items)
+            [MessageSource(), SummarySource(), ToolObservationSource(self.store), MemorySource(self.memories),
+             KnowledgeSource(self.knowledge)],
+            pinned=pinned_items, resolvers=[knowledge_beats_memory(self.knowledge)])
+        requeue_interrupted(self.store)
         self.worker.start()
+        self.kb_worker.start()
+        threading.Thread(target=self.knowledge.warm_up, name="kb-warm-up", daemon=True).start()
 
     def _evict_user(self, scope) -> dict[str, int]:
         self.store.evict_user(scope)
@@ -71,4 +87,6 @@ class Sidecar:
 
     def close(self) -> None:
         self.worker.stop()
+        self.kb_worker.stop()
+        self.knowledge.save()
         self.store.close()

@@ -186,3 +186,14 @@ def job(j) -> pb.Job:
 def run_note(n) -> pb.RunNote:
     return pb.RunNote(note_id=n.note_id, run_id=n.run_id, text=n.text, tokens=n.tokens, is_summary=n.is_summary,
                       folded_note_ids=n.folded_note_ids, created_at_ms=n.created_at_ms)
+
+
+def document_version(d) -> pb.DocumentVersion:
+    return pb.DocumentVersion(doc_id=d.doc_id, version=d.version, title=d.title, chunk_count=d.chunk_count,
+                              live=d.live, allowed_roles=d.allowed_roles, created_at_ms=d.created_at_ms,
+                              indexed=d.indexed, metadata=d.metadata)
+
+
+def edge(e) -> pb.Edge:
+    return pb.Edge(edge_id=str(e.edge_id), subject=e.subject, relation=e.relation, object=e.object, source=e.source,
+                   valid_from_ms=e.valid_from_ms, valid_to_ms=e.valid_to_ms)

@@ -311,3 +311,43 @@ class SubSessionResult:
     text: str
     tokens: int
     created_at_ms: int
+
+
+@dataclass(slots=True)
+class DocumentVersion:
+    doc_id: str
+    version: int
+    title: str
+    format: int
+    allowed_roles: list[str]
+    metadata: dict[str, str]
+    chunk_count: int
+    live: bool
+    indexed: bool
+    created_at_ms: int
+
+
+@dataclass(slots=True)
+class KnowledgeChunk:
+    doc_id: str
+    version: int
+    chunk_index: int
+    heading: str
+    text: str
+    tokens: int
+
+    @property
+    def key(self) -> str:
+        """Also the source tag's body: kb:<doc>@v<version>#<chunk>."""
+        return f"{self.doc_id}@v{self.version}#{self.chunk_index}"
+
+
+@dataclass(slots=True, frozen=True)
+class GraphEdge:
+    edge_id: str
+    subject: str
+    relation: str
+    object: str
+    source: str
+    valid_from_ms: int = 0
+    valid_to_ms: int = 0

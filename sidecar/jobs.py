@@ -22,6 +22,13 @@ Handler = Callable[[Job], dict[str, str]]
 MAX_ATTEMPTS = 3
 
 
+def requeue_interrupted(store) -> None:
+    """Jobs a crashed process was running go back to the queue (they are idempotent)."""
+    requeued = store.requeue_running_jobs()
+    if requeued:
+        log.info("requeued %d jobs a previous process was running", requeued)
+
+
 def new_job(scope: Scope, kind: str, payload: dict[str, Any], total_items: int = 0) -> Job:
     at = now_ms()
     return Job(job_id=new_id("job"), tenant_id=scope.tenant_id, user_id=scope.user_id, kind=kind, payload=payload,
@@ -30,9 +37,10 @@ def new_job(scope: Scope, kind: str, payload: dict[str, Any], total_items: int =
 
 
 class JobWorker:
-    def __init__(self, store, handlers: dict[str, Handler] | None = None, poll_s: float = 1.0) -> None:
+    def __init__(self, store, handlers: dict[str, Handler], poll_s: float = 1.0, name: str = "job-worker") -> None:
         self.store = store
-        self.handlers: dict[str, Handler] = dict(handlers or {})
+        self.handlers: dict[str, Handler] = dict(handlers)
+        self.name = name
         self.poll_s = poll_s
         self._wake = threading.Event()
         self._finished = threading.Condition()
@@ -40,10 +48,8 @@ class JobWorker:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        requeued = self.store.requeue_running_jobs()
-        if requeued:
-            log.info("requeued %d jobs a previous process was running", requeued)
-        self._thread = threading.Thread(target=self._loop, name="job-worker", daemon=True)
+        """Start draining. Call requeue_interrupted() once per process before the first worker starts."""
+        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -57,7 +63,7 @@ class JobWorker:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            job = self.store.claim_job(now_ms())
+            job = self.store.claim_job(now_ms(), list(self.handlers))
             if job is None:
                 self._wake.wait(self.poll_s)
                 self._wake.clear()
@@ -80,6 +86,10 @@ class JobWorker:
         self.store.finish_job(job)
         with self._finished:
             self._finished.notify_all()
+
+    def report_progress(self, job: Job, done: int, total: int) -> None:
+        job.done_items, job.total_items, job.updated_at_ms = done, total, now_ms()
+        self.store.finish_job(job)  # same row update; status stays RUNNING
 
     def wait(self, scope: Scope, job_ids: Sequence[str], timeout_s: float) -> tuple[list[Job], bool]:
         deadline = time.monotonic() + timeout_s

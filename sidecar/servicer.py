@@ -7,21 +7,20 @@ from sidecar import convert
 from sidecar.api import context_service_pb2 as pb
 from sidecar.api import context_service_pb2_grpc as pb_grpc
 from sidecar.app import Sidecar
-from sidecar.domain import Authority, FactStatus, MemoryType, Provenance, RunStatus, ToolStatus, enum_value
-from sidecar.errors import InvalidArgument, NotFound, Unimplemented
+from sidecar.domain import (
+    Authority,
+    FactStatus,
+    GraphEdge,
+    MemoryType,
+    Provenance,
+    RunStatus,
+    ToolStatus,
+    enum_value,
+)
+from sidecar.errors import InvalidArgument, NotFound
 from sidecar.ids import check_id
 from sidecar.memory.service import MemoryInput
 from sidecar.services.facts import FactInput
-
-# RPCs of the contract whose capability lands with another issue (README lists what is live).
-PENDING_RPCS: dict[str, str] = {
-    name: issue
-    for issue, names in {
-        "#6 (knowledge base)": ["IngestDocument", "ListDocuments", "ListDocumentVersions", "SetLiveVersion",
-                                "DeleteDocument", "SearchKnowledge", "UpsertEdges", "DeleteEdges", "QueryGraph"],
-    }.items()
-    for name in names
-}
 
 
 class ContextServicer(pb_grpc.ContextServiceServicer):
@@ -114,7 +113,7 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
         return pb.CommitTurnResponse(job_ids=ids)
 
     def GetJobStatus(self, request, context):
-        scope = convert.scope(request)
+        scope = convert.scope(request, user_required=False)
         check_id(request.job_id, "job_id")
         job = self.app.store.get_job(scope, request.job_id)
         if job is None:
@@ -122,7 +121,7 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
         return convert.job(job)
 
     def WaitForJobs(self, request, context):
-        scope = convert.scope(request)
+        scope = convert.scope(request, user_required=False)
         for i, jid in enumerate(request.job_ids):
             check_id(jid, f"job_ids[{i}]")
         if request.timeout_ms < 0 or request.timeout_ms > 120_000:
@@ -214,15 +213,58 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
         return pb.CompleteSubSessionResponse(parent_session_id=r.parent_session_id,
                                              source=f"subsession:{r.child_session_id}", tokens=r.tokens)
 
+    # ------------------------------------------------------------------ knowledge base
+    def IngestDocument(self, request, context):
+        scope = convert.scope(request, user_required=False)
+        version, chunks, job_id = self.app.knowledge.ingest(
+            scope, request.doc_id, request.title, request.text, request.format, list(request.allowed_roles),
+            dict(request.metadata), request.chunking.max_tokens, request.chunking.overlap_tokens,
+            request.make_live if request.HasField("make_live") else True)
+        return pb.IngestDocumentResponse(doc_id=request.doc_id, version=version, chunk_count=chunks, job_id=job_id)
 
-def _unimplemented(name: str, issue: str):
-    def method(self, request, context):
-        raise Unimplemented(f"{name} is not implemented yet; it lands with issue {issue}")
+    def ListDocuments(self, request, context):
+        docs = self.app.knowledge.list_documents(convert.scope(request, user_required=False))
+        return pb.ListDocumentsResponse(documents=[convert.document_version(d) for d in docs])
 
-    method.__name__ = name
-    return method
+    def ListDocumentVersions(self, request, context):
+        docs = self.app.knowledge.versions(convert.scope(request, user_required=False), request.doc_id)
+        return pb.ListDocumentVersionsResponse(versions=[convert.document_version(d) for d in docs])
 
+    def SetLiveVersion(self, request, context):
+        return convert.document_version(self.app.knowledge.set_live(
+            convert.scope(request, user_required=False), request.doc_id, request.version))
 
-for _name, _issue in PENDING_RPCS.items():
-    if _name not in ContextServicer.__dict__:
-        setattr(ContextServicer, _name, _unimplemented(_name, _issue))
+    def DeleteDocument(self, request, context):
+        versions, chunks = self.app.knowledge.delete(convert.scope(request, user_required=False), request.doc_id)
+        return pb.DeleteDocumentResponse(versions_deleted=versions, chunks_deleted=chunks)
+
+    def SearchKnowledge(self, request, context):
+        hits, matched = self.app.knowledge.search(convert.scope(request, user_required=False), list(request.roles),
+                                                  request.query, list(request.query_embedding), request.k)
+        return pb.SearchKnowledgeResponse(
+            hits=[pb.KnowledgeHit(source=f"kb:{e.chunk.key}", doc_id=e.chunk.doc_id, version=e.chunk.version,
+                                  chunk_index=e.chunk.chunk_index, title=e.title, heading=e.chunk.heading,
+                                  text=e.chunk.text, score=h.score, tokens=e.chunk.tokens) for h, e in hits],
+            status=pb.KNOWLEDGE_STATUS_MATCHED if matched else pb.KNOWLEDGE_STATUS_NO_MATCH)
+
+    def UpsertEdges(self, request, context):
+        if not request.edges or len(request.edges) > 1000:
+            raise InvalidArgument(f"edges must hold 1-1000 edges (got {len(request.edges)})")
+        edges = [GraphEdge(e.edge_id, e.subject, e.relation, e.object, e.source, e.valid_from_ms, e.valid_to_ms)
+                 for e in request.edges]
+        stored = self.app.knowledge.upsert_edges(convert.scope(request, user_required=False), edges)
+        return pb.UpsertEdgesResponse(edges=[convert.edge(e) for e in stored])
+
+    def DeleteEdges(self, request, context):
+        return pb.DeleteEdgesResponse(deleted=self.app.knowledge.delete_edges(
+            convert.scope(request, user_required=False), list(request.edge_ids)))
+
+    def QueryGraph(self, request, context):
+        direction = {0: "out", 1: "out", 2: "in", 3: "both"}.get(request.direction)
+        if direction is None:
+            raise InvalidArgument(f"direction must be a GraphDirection (got {request.direction})")
+        paths = self.app.knowledge.query_graph(convert.scope(request, user_required=False), request.entity,
+                                               list(request.relations), request.max_hops, direction, request.at_ms)
+        return pb.QueryGraphResponse(paths=[pb.GraphPath(entities=p.entities, edges=[convert.edge(e) for e in p.edges])
+                                            for p in paths])
+

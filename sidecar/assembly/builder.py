@@ -142,11 +142,14 @@ PinnedProvider = Callable[[Scope, SessionView], list[Item]]
 
 class ContextBuilder:
     def __init__(self, sessions: SessionService, sources: Sequence[CandidateSource],
-                 pinned: PinnedProvider | None = None, weights: Weights = Weights()) -> None:
+                 pinned: PinnedProvider | None = None, weights: Weights = Weights(),
+                 resolvers: Sequence[Callable[[list[CandidateBatch]], None]] = ()) -> None:
         self.sessions = sessions
         self.sources = list(sources)
         self.pinned = pinned
         self.weights = weights
+        # Cross-source rules applied to the candidates before selection (knowledge beats memory).
+        self.resolvers = list(resolvers)
 
     def build(self, scope: Scope, req: BuildRequest) -> BuildResult:
         clock = _StageClock(req.debug)
@@ -169,6 +172,8 @@ class ContextBuilder:
                          query_terms=term_set(req.query), query_embedding=req.query_embedding, roles=req.roles,
                          budget=budget, now_ms=now_ms())
         batches = [b for src in self.sources for b in src.candidates(inp)]
+        for resolve in self.resolvers:
+            resolve(batches)
         clock.lap("candidates")
 
         soft_total = max(budget.total - hard_tokens - SOFT_HEADER_RESERVE, 0)

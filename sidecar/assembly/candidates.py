@@ -98,6 +98,22 @@ class CandidateBatch:
     def __len__(self) -> int:
         return len(self.texts)
 
+    def remove(self, indices: set[int]) -> None:
+        """Take candidates out before selection (a source-level decision, e.g. a conflict)."""
+        if not indices:
+            return
+        keep = [i for i in range(len(self)) if i not in indices]
+        for name in ("texts", "sources", "tokens", "relevance", "age_s", "priority"):
+            seq = getattr(self, name)
+            setattr(self, name, [seq[i] for i in keep])
+        for name in ("exact_keys", "simhashes"):
+            arr = getattr(self, name)
+            if arr is not None:
+                setattr(self, name, arr[keep])
+        if self.meta is not None:
+            old = self.meta
+            self.meta = lambda j: old(keep[j])
+
 
 class CandidateSource(Protocol):
     """Plug-in point for every store of soft-zone material (messages, tools, memories, knowledge)."""

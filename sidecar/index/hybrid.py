@@ -59,6 +59,21 @@ class HybridIndex:
 
     # ------------------------------------------------------------------ writes
     def add(self, key: str, vector: np.ndarray, terms: Sequence[str]) -> None:
+        row = self._add_row(key, vector, terms)
+        if self._hnsw is not None:
+            self._hnsw_add([row])
+        elif len(self._row_of) > self.hnsw_threshold:
+            self._build_hnsw()
+
+    def add_many(self, items: Iterable[tuple[str, np.ndarray, Sequence[str]]]) -> None:
+        """Bulk add: the graph index gets one batched insert (or one build) instead of one per row."""
+        rows = [self._add_row(key, vec, terms) for key, vec, terms in items]
+        if self._hnsw is not None:
+            self._hnsw_add(rows)
+        elif len(self._row_of) > self.hnsw_threshold:
+            self._build_hnsw()
+
+    def _add_row(self, key: str, vector: np.ndarray, terms: Sequence[str]) -> int:
         if key in self._row_of:
             self.remove(key)
         row = len(self._keys)
@@ -83,14 +98,7 @@ class HybridIndex:
         self._terms_of.append(tuple(terms))
         self._doc_len[row] = len(terms)
         self._total_len += len(terms)
-        if self._hnsw is not None:
-            self._hnsw_add([row])
-        elif len(self._row_of) > self.hnsw_threshold:
-            self._build_hnsw()
-
-    def add_many(self, items: Iterable[tuple[str, np.ndarray, Sequence[str]]]) -> None:
-        for key, vec, terms in items:
-            self.add(key, vec, terms)
+        return row
 
     def remove(self, key: str) -> bool:
         row = self._row_of.pop(key, None)
@@ -122,6 +130,13 @@ class HybridIndex:
         rows = np.flatnonzero(self._alive[: len(self._keys)])
         self._hnsw_add(rows.tolist())
 
+    def __getstate__(self) -> dict:
+        # hnswlib indexes pickle themselves (graph included), so a saved index loads without a rebuild.
+        return dict(self.__dict__, _posting_arrays={})
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
     def _hnsw_add(self, rows: list[int]) -> None:
         assert self._hnsw is not None
         needed = max(rows) + 1 if rows else 0
@@ -129,6 +144,7 @@ class HybridIndex:
             self._hnsw.resize_index(max(needed * 2, 1024))
         if rows:
             self._hnsw.add_items(self._vectors[rows], np.asarray(rows, np.int64), num_threads=1)
+            self._hnsw.set_ef(self._ef)
 
     # ------------------------------------------------------------------ reads
     def _lexical(self, terms: Iterable[str]) -> np.ndarray:

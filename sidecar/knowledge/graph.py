@@ -90,6 +90,9 @@ class EdgeIndex:
         self._out.setdefault(edge.subject, {})[edge.edge_id] = edge
         self._in.setdefault(edge.object, {})[edge.edge_id] = edge
 
+    def has_entity(self, entity: str) -> bool:
+        return entity in self._out or entity in self._in
+
     def remove(self, edge_id: Hashable) -> bool:
         edge = self._edges.pop(edge_id, None)
         if edge is None:

@@ -39,17 +39,17 @@ class Ranking:
     """Knobs of the ranker; defaults tuned on LoCoMo conversations 1-5 (bench/recall.py)."""
 
     neighbours: int = 4  # same-session turns on each side scored with the turn
-    prev_decay: float = 0.55  # weight of the k-th previous turn: prev_decay ** k
-    next_decay: float = 0.55  # weight of the k-th next turn
+    prev_decay: float = 0.7  # weight of the k-th previous turn: prev_decay ** k
+    next_decay: float = 0.7  # weight of the k-th next turn
     k1: float = 1.2
     b: float = 0.75
     session_weight: float = 0.0  # share of the best-matching turn of the same session
-    drop_names: bool = False  # leave the people's names out of the lexical query (the speaker boost has them)
+    drop_names: bool = True  # leave the people's names out of the lexical query (the speaker boost has them)
     question_stopwords: bool = False
-    window_doc: float = 0.0  # weight of BM25 over the window as one pseudo-document (coverage of distinct terms)
-    dense_weight: float = 0.5  # share of the dense cosine in the fused score
+    window_doc: float = 1.0  # weight of BM25 over the window as one pseudo-document (coverage of distinct terms)
+    dense_weight: float = 0.2  # share of the dense cosine in the fused score
     dense_neighbours: bool = True
-    speaker_boost: float = 0.25  # turns spoken by a person the query names
+    speaker_boost: float = 1.0  # turns spoken by a person the query names
     date_boost: float = 0.3  # turns of a session in the month/year the query names
     stem: bool = True
     candidate_factor: float = 1.6  # return turns worth this multiple of the category budget
@@ -292,10 +292,14 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             q_terms = kept or q_terms
         if r.question_stopwords:
             q_terms = [t for t in q_terms if t not in QUESTION_WORDS] or q_terms
-        lex = self.smooth(self.bm25(q_terms, r.k1, r.b), decay)
-        if r.window_doc > 0:
-            win = self.window_bm25(q_terms, decay, r.k1, r.b)
-            lex = (1.0 - r.window_doc) * lex / max(float(lex.max()), 1e-9) + r.window_doc * win / max(float(win.max()), 1e-9)
+        if r.window_doc >= 1.0:
+            lex = self.window_bm25(q_terms, decay, r.k1, r.b)
+        else:
+            lex = self.smooth(self.bm25(q_terms, r.k1, r.b), decay)
+            if r.window_doc > 0:
+                win = self.window_bm25(q_terms, decay, r.k1, r.b)
+                lex = ((1.0 - r.window_doc) * lex / max(float(lex.max()), 1e-9)
+                       + r.window_doc * win / max(float(win.max()), 1e-9))
         top = float(lex.max()) if n else 0.0
         score = lex / top if top > 0 else lex
         if r.session_weight > 0 and n:

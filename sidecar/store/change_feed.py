@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -37,9 +38,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One row of change_log. kind: 'message' (key = session_id), 'facts' (key = session_id),
-    'session' (session closed; key = session_id), 'memory' (put; key = memory_id),
-    'memory_delete' (key = memory_id), 'forget' (every row of the user is gone; key = '')."""
+    """One row of change_log. `key` by kind -- the session id: 'message' (with any pinned
+    constraints), 'facts', 'session' (closed), 'tool_result', 'run_notes', 'summary', 'subsession'
+    (a child's result was added to this parent); the memory id: 'memory' (put), 'memory_delete';
+    the document id: 'kb_document' (tenant-wide, user_id ''); '' for 'kb_edges' (tenant-wide) and
+    'forget' (every row of the user is gone, earlier changes of the user are purged)."""
 
     seq: int
     tenant_id: str
@@ -64,6 +67,7 @@ class ChangeFeed:
         self.batch = batch
         self.listen = listen  # False: poll only (tests, or a pooler that drops LISTEN)
         self.channel = NOTIFY_CHANNEL
+        self._wake_channel = f"sidecar_feed_{uuid.uuid4().hex}"  # close() notifies it to end the wait
         self.cursor = store.current_change_seq() if since is None else since
         self.notifications = 0  # notifications received, for tests and metrics
         self.polls = 0
@@ -79,8 +83,14 @@ class ChangeFeed:
         return self
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the thread; it notices within one poll interval."""
+        """Stop the thread (woken through its private channel, else within one poll interval)."""
         self._stop.set()
+        if self.listening.is_set():
+            try:
+                with self.store._pool.connection() as conn:
+                    conn.execute("SELECT pg_notify(%s, 'stop')", [self._wake_channel])
+            except Exception:  # noqa: BLE001 - the poll timeout still ends the wait
+                pass
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -96,6 +106,7 @@ class ChangeFeed:
             return None
         conn = psycopg.connect(self.store.dsn, autocommit=True)
         conn.execute(f"LISTEN {self.channel}")
+        conn.execute(f"LISTEN {self._wake_channel}")
         self.listening.set()
         return conn
 
@@ -150,6 +161,8 @@ class ChangeFeed:
             if remaining <= 0:
                 return
             for note in self._conn.notifies(timeout=remaining, stop_after=1):
+                if note.channel == self._wake_channel:
+                    return
                 self.notifications += 1
                 # A payload at or below the cursor was already delivered: keep waiting. One from
                 # another schema on the same channel may wake us needlessly; that costs one read.

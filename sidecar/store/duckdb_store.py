@@ -18,11 +18,14 @@ import duckdb
 
 from sidecar.domain import (
     Authority,
+    DocumentVersion,
     Fact,
     FactChange,
     FactStatus,
+    GraphEdge,
     Job,
     JobStatus,
+    KnowledgeChunk,
     Memory,
     MemoryChange,
     MemoryStatus,
@@ -61,6 +64,8 @@ USER_TABLES = ("sessions", "messages", "facts", "fact_history", "runs", "run_che
                "pinned_constraints", "subsession_results")
 _TOOL_COLS = ("tool_result_id, session_id, run_id, tool_name, call_id, status, tokens, lines, view_text, view_tokens, "
               "brief_text, brief_tokens, created_at_ms")
+_DOC_COLS = ("doc_id, version, title, format, allowed_roles, metadata, chunk_count, live, indexed, "
+             "created_at_ms")
 _NOTE_COLS = "note_id, session_id, run_id, seq, text, tokens, is_summary, folded_note_ids, created_at_ms"
 _JOB_COLS = ("job_id, tenant_id, user_id, kind, payload, status, attempts, error, done_items, total_items, "
              "created_at_ms, updated_at_ms, result")
@@ -379,10 +384,11 @@ class DuckDBStore:
         )
         return [self._job(r) for r in rows]
 
-    def claim_job(self, now_ms: int) -> Job | None:
+    def claim_job(self, now_ms: int, kinds: Sequence[str] | None = None) -> Job | None:
+        kind_filter = f" AND kind IN ({', '.join('?' * len(kinds))})" if kinds else ""
         with self._tx() as c:
-            rows = c.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE status = ? ORDER BY created_at_ms, job_id LIMIT 1",
-                             [int(JobStatus.QUEUED)]).fetchall()
+            rows = c.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE status = ?{kind_filter} "
+                             "ORDER BY created_at_ms, job_id LIMIT 1", [int(JobStatus.QUEUED), *(kinds or [])]).fetchall()
             if not rows:
                 return None
             job = self._job(rows[0])
@@ -609,3 +615,106 @@ class DuckDBStore:
                            f"session_id = ? AND message_id IN ({marks}) ORDER BY seq",
                            [scope.tenant_id, scope.user_id, session_id, *message_ids])
         return [self._message(r) for r in rows]
+
+    # ------------------------------------------------------------------ knowledge base (tenant-shared)
+    @staticmethod
+    def _doc(r: Sequence[Any]) -> DocumentVersion:
+        return DocumentVersion(doc_id=r[0], version=r[1], title=r[2], format=r[3], allowed_roles=json.loads(r[4]),
+                               metadata=json.loads(r[5]), chunk_count=r[6], live=bool(r[7]), indexed=bool(r[8]),
+                               created_at_ms=r[9])
+
+    def add_document_version(self, tenant_id: str, doc: DocumentVersion, chunks: Sequence[KnowledgeChunk],
+                             job: Job) -> int:
+        """Store the next version of a document with its chunks and its indexing job, atomically.
+        Returns the version number assigned."""
+        with self._tx() as c:
+            version = c.execute("SELECT coalesce(max(version), 0) + 1 FROM kb_documents WHERE tenant_id = ? AND "
+                                "doc_id = ?", [tenant_id, doc.doc_id]).fetchone()[0]
+            if doc.live:
+                c.execute("UPDATE kb_documents SET live = false WHERE tenant_id = ? AND doc_id = ? AND live",
+                          [tenant_id, doc.doc_id])
+            self._insert_many(c, "kb_documents", "tenant_id, " + _DOC_COLS, [(
+                tenant_id, doc.doc_id, version, doc.title, doc.format, json.dumps(sorted(doc.allowed_roles)),
+                json.dumps(doc.metadata, sort_keys=True), len(chunks), doc.live, False, doc.created_at_ms)])
+            self._insert_many(c, "kb_chunks", "tenant_id, doc_id, version, chunk_index, heading, text, tokens",
+                              [(tenant_id, doc.doc_id, version, ch.chunk_index, ch.heading, ch.text, ch.tokens)
+                               for ch in chunks])
+            job.payload["version"] = version
+            self._insert_many(c, "jobs", _JOB_COLS, [self._job_row(job)])
+            return version
+
+    def document_versions(self, tenant_id: str, doc_id: str | None = None, *, live_only: bool = False
+                          ) -> list[DocumentVersion]:
+        sql = f"SELECT {_DOC_COLS} FROM kb_documents WHERE tenant_id = ?"
+        params: list[Any] = [tenant_id]
+        if doc_id is not None:
+            sql += " AND doc_id = ?"
+            params.append(doc_id)
+        if live_only:
+            sql += " AND live"
+        return [self._doc(r) for r in self._query(sql + " ORDER BY doc_id, version", params)]
+
+    def set_live_version(self, tenant_id: str, doc_id: str, version: int) -> None:
+        with self._tx() as c:
+            c.execute("UPDATE kb_documents SET live = (version = ?) WHERE tenant_id = ? AND doc_id = ?",
+                      [version, tenant_id, doc_id])
+
+    def mark_indexed(self, tenant_id: str, doc_id: str, version: int) -> None:
+        with self._tx() as c:
+            c.execute("UPDATE kb_documents SET indexed = true WHERE tenant_id = ? AND doc_id = ? AND version = ?",
+                      [tenant_id, doc_id, version])
+
+    def delete_document(self, tenant_id: str, doc_id: str) -> tuple[int, int]:
+        with self._tx() as c:
+            versions = c.execute("SELECT count(*) FROM kb_documents WHERE tenant_id = ? AND doc_id = ?",
+                                 [tenant_id, doc_id]).fetchone()[0]
+            chunks = c.execute("SELECT count(*) FROM kb_chunks WHERE tenant_id = ? AND doc_id = ?",
+                               [tenant_id, doc_id]).fetchone()[0]
+            c.execute("DELETE FROM kb_chunks WHERE tenant_id = ? AND doc_id = ?", [tenant_id, doc_id])
+            c.execute("DELETE FROM kb_documents WHERE tenant_id = ? AND doc_id = ?", [tenant_id, doc_id])
+            c.execute("DELETE FROM graph_edges WHERE tenant_id = ? AND starts_with(source, ?)",
+                      [tenant_id, f"kb:{doc_id}@v"])
+            return versions, chunks
+
+    def chunks(self, tenant_id: str, doc_id: str | None = None, version: int | None = None, *,
+               live_only: bool = False) -> list[KnowledgeChunk]:
+        sql = ("SELECT c.doc_id, c.version, c.chunk_index, c.heading, c.text, c.tokens FROM kb_chunks c "
+               "JOIN kb_documents d ON d.tenant_id = c.tenant_id AND d.doc_id = c.doc_id AND d.version = c.version "
+               "WHERE c.tenant_id = ?")
+        params: list[Any] = [tenant_id]
+        if doc_id is not None:
+            sql += " AND c.doc_id = ?"
+            params.append(doc_id)
+        if version is not None:
+            sql += " AND c.version = ?"
+            params.append(version)
+        if live_only:
+            sql += " AND d.live"
+        rows = self._query(sql + " ORDER BY c.doc_id, c.version, c.chunk_index", params)
+        return [KnowledgeChunk(*r) for r in rows]
+
+    def knowledge_tenants(self) -> list[str]:
+        return [r[0] for r in self._query("SELECT DISTINCT tenant_id FROM kb_documents ORDER BY 1")]
+
+    def upsert_edges(self, tenant_id: str, edges: Sequence[GraphEdge]) -> None:
+        with self._tx() as c:
+            for e in edges:
+                c.execute("DELETE FROM graph_edges WHERE tenant_id = ? AND edge_id = ?", [tenant_id, e.edge_id])
+            self._insert_many(c, "graph_edges", "tenant_id, edge_id, subject, relation, object, source, "
+                              "valid_from_ms, valid_to_ms",
+                              [(tenant_id, e.edge_id, e.subject, e.relation, e.object, e.source, e.valid_from_ms,
+                                e.valid_to_ms) for e in edges])
+
+    def delete_edges(self, tenant_id: str, edge_ids: Sequence[str]) -> int:
+        with self._tx() as c:
+            n = 0
+            for edge_id in edge_ids:
+                n += c.execute("SELECT count(*) FROM graph_edges WHERE tenant_id = ? AND edge_id = ?",
+                               [tenant_id, edge_id]).fetchone()[0]
+                c.execute("DELETE FROM graph_edges WHERE tenant_id = ? AND edge_id = ?", [tenant_id, edge_id])
+            return n
+
+    def edges(self, tenant_id: str) -> list[GraphEdge]:
+        rows = self._query("SELECT edge_id, subject, relation, object, source, valid_from_ms, valid_to_ms FROM "
+                           "graph_edges WHERE tenant_id = ? ORDER BY edge_id", [tenant_id])
+        return [GraphEdge(*r) for r in rows]

@@ -44,6 +44,8 @@ def rls_ddl(table: str, *, tenant_only: bool = False) -> str:
 
 _V1_TABLES = ("sessions", "messages", "facts", "fact_history", "runs", "run_checkpoints", "jobs", "change_log")
 _V2_TABLES = ("memories", "memory_history", "turn_commits")
+_V3_TABLES = ("tool_results", "run_notes", "session_summaries", "pinned_constraints", "subsession_results")
+_V4_TENANT_TABLES = ("kb_documents", "kb_chunks", "graph_edges")
 
 MIGRATIONS: list[tuple[int, str, str]] = [
     (
@@ -131,6 +133,60 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             upto_seq bigint NOT NULL, PRIMARY KEY (tenant_id, user_id, session_id));
         """ + "".join(rls_ddl(t) for t in _V2_TABLES),
     ),
+    (
+        3,
+        "tool results, run notes, rolling summaries, pinned constraints, sub-session results",
+        """
+        CREATE TABLE tool_results (
+            tenant_id text NOT NULL, user_id text NOT NULL, session_id text NOT NULL,
+            tool_result_id text NOT NULL, run_id text NOT NULL, tool_name text NOT NULL,
+            call_id text NOT NULL, full_text text NOT NULL, status smallint NOT NULL, tokens integer NOT NULL,
+            lines integer NOT NULL, view_text text NOT NULL, view_tokens integer NOT NULL,
+            brief_text text NOT NULL, brief_tokens integer NOT NULL, created_at_ms bigint NOT NULL,
+            PRIMARY KEY (tenant_id, user_id, tool_result_id));
+        CREATE INDEX tool_results_by_session ON tool_results (tenant_id, user_id, session_id, created_at_ms);
+        CREATE TABLE run_notes (
+            tenant_id text NOT NULL, user_id text NOT NULL, session_id text NOT NULL,
+            run_id text NOT NULL, note_id text NOT NULL, seq bigint NOT NULL, text text NOT NULL,
+            tokens integer NOT NULL, is_summary boolean NOT NULL, folded_note_ids text NOT NULL,
+            created_at_ms bigint NOT NULL, PRIMARY KEY (tenant_id, user_id, note_id));
+        CREATE INDEX run_notes_by_session ON run_notes (tenant_id, user_id, session_id, run_id, seq);
+        CREATE TABLE session_summaries (
+            tenant_id text NOT NULL, user_id text NOT NULL, session_id text NOT NULL,
+            text text NOT NULL, tokens integer NOT NULL, source_message_ids text NOT NULL,
+            covered_until_seq bigint NOT NULL, state text NOT NULL, updated_at_ms bigint NOT NULL,
+            PRIMARY KEY (tenant_id, user_id, session_id));
+        CREATE TABLE pinned_constraints (
+            tenant_id text NOT NULL, user_id text NOT NULL, session_id text NOT NULL,
+            message_id text NOT NULL, idx integer NOT NULL, text text NOT NULL, tokens integer NOT NULL,
+            created_at_ms bigint NOT NULL);
+        CREATE INDEX pinned_constraints_by_session ON pinned_constraints (tenant_id, user_id, session_id);
+        CREATE TABLE subsession_results (
+            tenant_id text NOT NULL, user_id text NOT NULL, parent_session_id text NOT NULL,
+            child_session_id text NOT NULL, task text NOT NULL, text text NOT NULL,
+            tokens integer NOT NULL, created_at_ms bigint NOT NULL);
+        CREATE INDEX subsession_results_by_parent ON subsession_results (tenant_id, user_id, parent_session_id);
+        """ + "".join(rls_ddl(t) for t in _V3_TABLES),
+    ),
+    (
+        4,
+        "knowledge base documents, chunks and graph edges (tenant-shared)",
+        """
+        CREATE TABLE kb_documents (
+            tenant_id text NOT NULL, doc_id text NOT NULL, version integer NOT NULL, title text NOT NULL,
+            format smallint NOT NULL, allowed_roles text NOT NULL, metadata text NOT NULL,
+            chunk_count integer NOT NULL, live boolean NOT NULL, indexed boolean NOT NULL,
+            created_at_ms bigint NOT NULL, PRIMARY KEY (tenant_id, doc_id, version));
+        CREATE TABLE kb_chunks (
+            tenant_id text NOT NULL, doc_id text NOT NULL, version integer NOT NULL,
+            chunk_index integer NOT NULL, heading text NOT NULL, text text NOT NULL, tokens integer NOT NULL,
+            PRIMARY KEY (tenant_id, doc_id, version, chunk_index));
+        CREATE TABLE graph_edges (
+            tenant_id text NOT NULL, edge_id text NOT NULL, subject text NOT NULL, relation text NOT NULL,
+            object text NOT NULL, source text NOT NULL, valid_from_ms bigint NOT NULL,
+            valid_to_ms bigint NOT NULL, PRIMARY KEY (tenant_id, edge_id));
+        """ + "".join(rls_ddl(t, tenant_only=True) for t in _V4_TENANT_TABLES),
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]
@@ -139,4 +195,7 @@ LATEST_VERSION = MIGRATIONS[-1][0]
 # them for the user and reports a count per table. change_log is emptied for the user too, but is
 # not reported (it holds keys, not content, and is not a DuckDB table).
 USER_TABLES = ("sessions", "messages", "facts", "fact_history", "runs", "run_checkpoints", "jobs", "memories",
-               "memory_history", "turn_commits")
+               "memory_history", "turn_commits", "tool_results", "run_notes", "session_summaries",
+               "pinned_constraints", "subsession_results")
+# Tenant-shared tables (knowledge base): RLS checks tenant_id only; ForgetUser does not touch them.
+TENANT_TABLES = _V4_TENANT_TABLES

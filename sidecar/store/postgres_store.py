@@ -41,25 +41,34 @@ from psycopg_pool import ConnectionPool
 
 from sidecar.domain import (
     Authority,
+    DocumentVersion,
     Fact,
     FactChange,
     FactStatus,
+    GraphEdge,
     Job,
     JobStatus,
+    KnowledgeChunk,
     Memory,
     MemoryChange,
     MemoryStatus,
     MemoryType,
     Message,
     NewMessage,
+    PinnedConstraint,
     Provenance,
     Role,
     Run,
     RunCheckpoint,
+    RunNote,
     RunStatus,
     Scope,
     Session,
     SessionStatus,
+    SessionSummary,
+    SubSessionResult,
+    ToolResult,
+    ToolStatus,
 )
 from sidecar.ids import new_id
 from sidecar.store.change_feed import Change
@@ -77,6 +86,11 @@ _MEMORY_COLS = ("memory_id, type, content, subject, source_message_ids, confiden
                 "updated_at_ms, expires_at_ms, status, superseded_by, tokens")
 _JOB_COLS = ("job_id, tenant_id, user_id, kind, payload, status, attempts, error, done_items, total_items, "
              "created_at_ms, updated_at_ms, result")
+_TOOL_COLS = ("tool_result_id, session_id, run_id, tool_name, call_id, status, tokens, lines, view_text, view_tokens, "
+              "brief_text, brief_tokens, created_at_ms")
+_DOC_COLS = ("doc_id, version, title, format, allowed_roles, metadata, chunk_count, live, indexed, "
+             "created_at_ms")
+_NOTE_COLS = "note_id, session_id, run_id, seq, text, tokens, is_summary, folded_note_ids, created_at_ms"
 _MEMORY_HISTORY_COLS = ("tenant_id, user_id, memory_id, at_ms, action, reason, type, content, subject, "
                         "source_message_ids, confidence, authority, expires_at_ms, status, superseded_by")
 
@@ -271,10 +285,11 @@ class PostgresStore:
 
     def append_messages(
         self, scope: Scope, session_id: str, messages: Sequence[NewMessage], token_counts: Sequence[tuple[int, int]],
-        now_ms: int,
+        now_ms: int, pinned: Sequence[tuple[int, str, int]] = (),
     ) -> list[Message]:
         """Store a batch atomically. Messages whose idempotency key is already stored in the session
-        are not stored again; the stored row is returned in their place. Sequence numbers are drawn
+        are not stored again; the stored row is returned in their place. `pinned` holds
+        (batch index, text, tokens) constraints stored with their (newly stored) message. Sequence numbers are drawn
         under a per-session advisory lock, so concurrent appenders (any process) never collide."""
         owner = [scope.tenant_id, scope.user_id, session_id]
         with self._tx(scope) as cur:
@@ -292,6 +307,7 @@ class PostgresStore:
             next_seq = cur.fetchone()[0]
             out: list[Message] = []
             rows = []
+            stored_at: dict[int, str] = {}  # batch index -> id of a newly stored message
             for m, (tokens, line_tokens) in zip(messages, token_counts, strict=True):
                 if m.idempotency_key and m.idempotency_key in existing:
                     out.append(existing[m.idempotency_key])
@@ -304,12 +320,18 @@ class PostgresStore:
                 )
                 if m.idempotency_key:
                     existing[m.idempotency_key] = msg  # a key repeated inside one batch is stored once
+                stored_at[len(out)] = msg.message_id
                 next_seq += 1
                 out.append(msg)
                 rows.append((scope.tenant_id, scope.user_id, session_id, msg.seq, msg.message_id, int(msg.role),
                              msg.text, msg.tool_name, msg.tool_call_id, msg.timestamp_ms, msg.created_at_ms,
                              msg.tokens, msg.line_tokens, msg.idempotency_key, msg.speaker))
             self._insert_many(cur, "messages", _MESSAGE_COLS, rows)
+            # Pinned constraints are written with their message: a committed prohibition is never lost.
+            self._insert_many(cur, "pinned_constraints", "tenant_id, user_id, session_id, message_id, idx, text, "
+                              "tokens, created_at_ms",
+                              [(scope.tenant_id, scope.user_id, session_id, stored_at[i], k, text, n, now_ms)
+                               for k, (i, text, n) in enumerate(pinned) if i in stored_at])
             if rows:
                 self._log_changes(cur, scope, "message", [session_id])
             return out
@@ -484,15 +506,17 @@ class PostgresStore:
         )
         return [self._job(r) for r in rows]
 
-    def claim_job(self, now_ms: int) -> Job | None:
-        """Take the oldest queued job of any user (system transaction). SKIP LOCKED lets workers in
-        several replicas claim concurrently without waiting on or double-claiming a job."""
+    def claim_job(self, now_ms: int, kinds: Sequence[str] | None = None) -> Job | None:
+        """Take the oldest queued job of any user, of one of `kinds` when given (system transaction).
+        SKIP LOCKED lets workers in several replicas claim concurrently without waiting on or
+        double-claiming a job."""
+        kind_filter = " AND kind = ANY(%s)" if kinds else ""
         with self._tx(system=True) as cur:
             cur.execute(
                 f"UPDATE jobs SET status = %s, attempts = attempts + 1, updated_at_ms = %s WHERE job_id = ("
-                f"SELECT job_id FROM jobs WHERE status = %s ORDER BY created_at_ms, job_id LIMIT 1 "
+                f"SELECT job_id FROM jobs WHERE status = %s{kind_filter} ORDER BY created_at_ms, job_id LIMIT 1 "
                 f"FOR UPDATE SKIP LOCKED) RETURNING {_JOB_COLS}",
-                [int(JobStatus.RUNNING), now_ms, int(JobStatus.QUEUED)])
+                [int(JobStatus.RUNNING), now_ms, int(JobStatus.QUEUED), *([list(kinds)] if kinds else [])])
             row = cur.fetchone()
             return self._job(row) if row else None
 
@@ -625,3 +649,232 @@ class PostgresStore:
                         [scope.tenant_id, scope.user_id])
             self._log_changes(cur, scope, "forget", [""])
         return counts
+
+    # ------------------------------------------------------------------ compression layers
+    def list_pinned(self, scope: Scope, session_id: str) -> list[PinnedConstraint]:
+        rows = self._query(scope, "SELECT message_id, idx, text, tokens, created_at_ms FROM pinned_constraints WHERE "
+                           "tenant_id = %s AND user_id = %s AND session_id = %s ORDER BY created_at_ms, idx",
+                           [scope.tenant_id, scope.user_id, session_id])
+        return [PinnedConstraint(*r) for r in rows]
+
+    @staticmethod
+    def _tool(r: Sequence[Any]) -> ToolResult:
+        return ToolResult(tool_result_id=r[0], session_id=r[1], run_id=r[2], tool_name=r[3], call_id=r[4],
+                          status=ToolStatus(r[5]), tokens=r[6], lines=r[7], view_text=r[8], view_tokens=r[9],
+                          brief_text=r[10], brief_tokens=r[11], created_at_ms=r[12],
+                          full_text=r[13] if len(r) > 13 else "")
+
+    def insert_tool_result(self, scope: Scope, result: ToolResult) -> None:
+        with self._tx(scope) as cur:
+            self._insert_many(cur, "tool_results", "tenant_id, user_id, " + _TOOL_COLS + ", full_text", [(
+                scope.tenant_id, scope.user_id, result.tool_result_id, result.session_id, result.run_id,
+                result.tool_name, result.call_id, int(result.status), result.tokens, result.lines, result.view_text,
+                result.view_tokens, result.brief_text, result.brief_tokens, result.created_at_ms, result.full_text)])
+            self._log_changes(cur, scope, "tool_result", [result.session_id])
+
+    def get_tool_result(self, scope: Scope, tool_result_id: str) -> ToolResult | None:
+        rows = self._query(scope, f"SELECT {_TOOL_COLS}, full_text FROM tool_results WHERE tenant_id = %s AND "
+                           "user_id = %s AND tool_result_id = %s", [scope.tenant_id, scope.user_id, tool_result_id])
+        return self._tool(rows[0]) if rows else None
+
+    def recent_tool_results(self, scope: Scope, session_id: str, limit: int) -> list[ToolResult]:
+        """Newest last, without the full text."""
+        rows = self._query(scope, f"SELECT {_TOOL_COLS} FROM tool_results WHERE tenant_id = %s AND user_id = %s AND "
+                           "session_id = %s ORDER BY created_at_ms DESC, tool_result_id DESC LIMIT %s",
+                           [scope.tenant_id, scope.user_id, session_id, limit])
+        return [self._tool(r) for r in reversed(rows)]
+
+    @staticmethod
+    def _note(r: Sequence[Any]) -> RunNote:
+        return RunNote(note_id=r[0], session_id=r[1], run_id=r[2], seq=r[3], text=r[4], tokens=r[5],
+                       is_summary=bool(r[6]), folded_note_ids=json.loads(r[7]), created_at_ms=r[8])
+
+    def write_run_notes(self, scope: Scope, add: Sequence[RunNote], delete_ids: Sequence[str] = ()) -> None:
+        """Add notes and delete folded ones in one transaction."""
+        sessions: dict[str, None] = {}
+        with self._tx(scope) as cur:
+            if delete_ids:
+                cur.execute("DELETE FROM run_notes WHERE tenant_id = %s AND user_id = %s AND note_id = ANY(%s) "
+                            "RETURNING session_id", [scope.tenant_id, scope.user_id, list(delete_ids)])
+                sessions.update(dict.fromkeys(r[0] for r in cur.fetchall()))
+            self._insert_many(cur, "run_notes", "tenant_id, user_id, " + _NOTE_COLS, [
+                (scope.tenant_id, scope.user_id, n.note_id, n.session_id, n.run_id, n.seq, n.text, n.tokens,
+                 n.is_summary, json.dumps(n.folded_note_ids), n.created_at_ms) for n in add])
+            sessions.update(dict.fromkeys(n.session_id for n in add))
+            self._log_changes(cur, scope, "run_notes", list(sessions))
+
+    def list_run_notes(self, scope: Scope, session_id: str) -> list[RunNote]:
+        rows = self._query(scope, f"SELECT {_NOTE_COLS} FROM run_notes WHERE tenant_id = %s AND user_id = %s AND "
+                           "session_id = %s ORDER BY run_id, seq", [scope.tenant_id, scope.user_id, session_id])
+        return [self._note(r) for r in rows]
+
+    def put_summary(self, scope: Scope, s: SessionSummary) -> None:
+        with self._tx(scope) as cur:
+            cur.execute("INSERT INTO session_summaries (tenant_id, user_id, session_id, text, tokens, "
+                        "source_message_ids, covered_until_seq, state, updated_at_ms) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                        "ON CONFLICT (tenant_id, user_id, session_id) DO UPDATE SET text = EXCLUDED.text, "
+                        "tokens = EXCLUDED.tokens, source_message_ids = EXCLUDED.source_message_ids, "
+                        "covered_until_seq = EXCLUDED.covered_until_seq, state = EXCLUDED.state, "
+                        "updated_at_ms = EXCLUDED.updated_at_ms",
+                        [scope.tenant_id, scope.user_id, s.session_id, s.text, s.tokens,
+                         json.dumps(s.source_message_ids), s.covered_until_seq, s.state, s.updated_at_ms])
+            self._log_changes(cur, scope, "summary", [s.session_id])
+
+    def get_summary(self, scope: Scope, session_id: str) -> SessionSummary | None:
+        rows = self._query(scope, "SELECT session_id, text, tokens, source_message_ids, covered_until_seq, state, "
+                           "updated_at_ms FROM session_summaries WHERE tenant_id = %s AND user_id = %s AND "
+                           "session_id = %s", [scope.tenant_id, scope.user_id, session_id])
+        if not rows:
+            return None
+        r = rows[0]
+        return SessionSummary(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5], r[6])
+
+    def add_subsession_result(self, scope: Scope, r: SubSessionResult, close_child_at_ms: int) -> None:
+        """Store the child's result and close the child session, atomically."""
+        with self._tx(scope) as cur:
+            self._insert_many(cur, "subsession_results", "tenant_id, user_id, parent_session_id, child_session_id, "
+                              "task, text, tokens, created_at_ms",
+                              [(scope.tenant_id, scope.user_id, r.parent_session_id, r.child_session_id, r.task,
+                                r.text, r.tokens, r.created_at_ms)])
+            cur.execute("UPDATE sessions SET status = %s, closed_at_ms = %s, updated_at_ms = %s WHERE tenant_id = %s "
+                        "AND user_id = %s AND session_id = %s",
+                        [int(SessionStatus.CLOSED), close_child_at_ms, close_child_at_ms, scope.tenant_id,
+                         scope.user_id, r.child_session_id])
+            self._log_changes(cur, scope, "subsession", [r.parent_session_id])
+            self._log_changes(cur, scope, "session", [r.child_session_id])
+
+    def list_subsession_results(self, scope: Scope, parent_session_id: str) -> list[SubSessionResult]:
+        rows = self._query(scope, "SELECT parent_session_id, child_session_id, task, text, tokens, created_at_ms "
+                           "FROM subsession_results WHERE tenant_id = %s AND user_id = %s AND parent_session_id = %s "
+                           "ORDER BY created_at_ms", [scope.tenant_id, scope.user_id, parent_session_id])
+        return [SubSessionResult(*r) for r in rows]
+
+    # ------------------------------------------------------------------ knowledge base (tenant-shared)
+    # These tables have tenant-only RLS: the transactions set sidecar.tenant_id and an empty user_id.
+    @staticmethod
+    def _tenant(tenant_id: str) -> Scope:
+        return Scope(tenant_id, "")
+
+    @staticmethod
+    def _doc(r: Sequence[Any]) -> DocumentVersion:
+        return DocumentVersion(doc_id=r[0], version=r[1], title=r[2], format=r[3], allowed_roles=json.loads(r[4]),
+                               metadata=json.loads(r[5]), chunk_count=r[6], live=bool(r[7]), indexed=bool(r[8]),
+                               created_at_ms=r[9])
+
+    def add_document_version(self, tenant_id: str, doc: DocumentVersion, chunks: Sequence[KnowledgeChunk],
+                             job: Job) -> int:
+        """Store the next version of a document with its chunks and its indexing job, atomically.
+        Returns the version number assigned (drawn under a per-document advisory lock)."""
+        tenant = self._tenant(tenant_id)
+        with self._tx(tenant) as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_key("sidecar.kb", self.schema, tenant_id,
+                                                                        doc.doc_id)])
+            cur.execute("SELECT coalesce(max(version), 0) + 1 FROM kb_documents WHERE tenant_id = %s AND doc_id = %s",
+                        [tenant_id, doc.doc_id])
+            version = cur.fetchone()[0]
+            if doc.live:
+                cur.execute("UPDATE kb_documents SET live = false WHERE tenant_id = %s AND doc_id = %s AND live",
+                            [tenant_id, doc.doc_id])
+            self._insert_many(cur, "kb_documents", "tenant_id, " + _DOC_COLS, [(
+                tenant_id, doc.doc_id, version, doc.title, doc.format, json.dumps(sorted(doc.allowed_roles)),
+                json.dumps(doc.metadata, sort_keys=True), len(chunks), doc.live, False, doc.created_at_ms)])
+            self._insert_many(cur, "kb_chunks", "tenant_id, doc_id, version, chunk_index, heading, text, tokens",
+                              [(tenant_id, doc.doc_id, version, ch.chunk_index, ch.heading, ch.text, ch.tokens)
+                               for ch in chunks])
+            self._log_changes(cur, tenant, "kb_document", [doc.doc_id])
+            job.payload["version"] = version
+            self._insert_jobs(cur, [job])
+            return version
+
+    def document_versions(self, tenant_id: str, doc_id: str | None = None, *, live_only: bool = False
+                          ) -> list[DocumentVersion]:
+        query = f"SELECT {_DOC_COLS} FROM kb_documents WHERE tenant_id = %s"
+        params: list[Any] = [tenant_id]
+        if doc_id is not None:
+            query += " AND doc_id = %s"
+            params.append(doc_id)
+        if live_only:
+            query += " AND live"
+        return [self._doc(r) for r in self._query(self._tenant(tenant_id), query + " ORDER BY doc_id, version",
+                                                  params)]
+
+    def set_live_version(self, tenant_id: str, doc_id: str, version: int) -> None:
+        tenant = self._tenant(tenant_id)
+        with self._tx(tenant) as cur:
+            cur.execute("UPDATE kb_documents SET live = (version = %s) WHERE tenant_id = %s AND doc_id = %s",
+                        [version, tenant_id, doc_id])
+            self._log_changes(cur, tenant, "kb_document", [doc_id])
+
+    def mark_indexed(self, tenant_id: str, doc_id: str, version: int) -> None:
+        tenant = self._tenant(tenant_id)
+        with self._tx(tenant) as cur:
+            cur.execute("UPDATE kb_documents SET indexed = true WHERE tenant_id = %s AND doc_id = %s AND version = %s",
+                        [tenant_id, doc_id, version])
+            self._log_changes(cur, tenant, "kb_document", [doc_id])
+
+    def delete_document(self, tenant_id: str, doc_id: str) -> tuple[int, int]:
+        """Delete every version, chunk and derived graph edge of a document: (versions, chunks)."""
+        tenant = self._tenant(tenant_id)
+        with self._tx(tenant) as cur:
+            cur.execute("DELETE FROM kb_chunks WHERE tenant_id = %s AND doc_id = %s", [tenant_id, doc_id])
+            chunks = cur.rowcount
+            cur.execute("DELETE FROM kb_documents WHERE tenant_id = %s AND doc_id = %s", [tenant_id, doc_id])
+            versions = cur.rowcount
+            cur.execute("DELETE FROM graph_edges WHERE tenant_id = %s AND starts_with(source, %s)",
+                        [tenant_id, f"kb:{doc_id}@v"])
+            self._log_changes(cur, tenant, "kb_document", [doc_id])
+            return versions, chunks
+
+    def chunks(self, tenant_id: str, doc_id: str | None = None, version: int | None = None, *,
+               live_only: bool = False) -> list[KnowledgeChunk]:
+        query = ("SELECT c.doc_id, c.version, c.chunk_index, c.heading, c.text, c.tokens FROM kb_chunks c "
+                 "JOIN kb_documents d ON d.tenant_id = c.tenant_id AND d.doc_id = c.doc_id AND d.version = c.version "
+                 "WHERE c.tenant_id = %s")
+        params: list[Any] = [tenant_id]
+        if doc_id is not None:
+            query += " AND c.doc_id = %s"
+            params.append(doc_id)
+        if version is not None:
+            query += " AND c.version = %s"
+            params.append(version)
+        if live_only:
+            query += " AND d.live"
+        rows = self._query(self._tenant(tenant_id), query + " ORDER BY c.doc_id, c.version, c.chunk_index", params)
+        return [KnowledgeChunk(*r) for r in rows]
+
+    def knowledge_tenants(self) -> list[str]:
+        """Every tenant with a document: a system read (start-up index rebuild), across tenants."""
+        return [r[0] for r in self._query(None, "SELECT DISTINCT tenant_id FROM kb_documents ORDER BY 1",
+                                          system=True)]
+
+    def upsert_edges(self, tenant_id: str, edges: Sequence[GraphEdge]) -> None:
+        if not edges:
+            return
+        tenant = self._tenant(tenant_id)
+        with self._tx(tenant) as cur:
+            self._insert_many(cur, "graph_edges", "tenant_id, edge_id, subject, relation, object, source, "
+                              "valid_from_ms, valid_to_ms",
+                              [(tenant_id, e.edge_id, e.subject, e.relation, e.object, e.source, e.valid_from_ms,
+                                e.valid_to_ms) for e in edges],
+                              suffix=" ON CONFLICT (tenant_id, edge_id) DO UPDATE SET subject = EXCLUDED.subject, "
+                                     "relation = EXCLUDED.relation, object = EXCLUDED.object, "
+                                     "source = EXCLUDED.source, valid_from_ms = EXCLUDED.valid_from_ms, "
+                                     "valid_to_ms = EXCLUDED.valid_to_ms")
+            self._log_changes(cur, tenant, "kb_edges", [""])
+
+    def delete_edges(self, tenant_id: str, edge_ids: Sequence[str]) -> int:
+        tenant = self._tenant(tenant_id)
+        with self._tx(tenant) as cur:
+            cur.execute("DELETE FROM graph_edges WHERE tenant_id = %s AND edge_id = ANY(%s)",
+                        [tenant_id, list(edge_ids)])
+            n = cur.rowcount
+            if n:
+                self._log_changes(cur, tenant, "kb_edges", [""])
+            return n
+
+    def edges(self, tenant_id: str) -> list[GraphEdge]:
+        rows = self._query(self._tenant(tenant_id), "SELECT edge_id, subject, relation, object, source, "
+                           "valid_from_ms, valid_to_ms FROM graph_edges WHERE tenant_id = %s ORDER BY edge_id",
+                           [tenant_id])
+        return [GraphEdge(*r) for r in rows]

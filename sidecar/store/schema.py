@@ -104,6 +104,25 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             tokens INTEGER NOT NULL, created_at_ms BIGINT NOT NULL);
         """,
     ),
+    (
+        4,
+        "knowledge base documents, chunks and graph edges (tenant-shared)",
+        """
+        CREATE TABLE kb_documents (
+            tenant_id VARCHAR NOT NULL, doc_id VARCHAR NOT NULL, version INTEGER NOT NULL, title VARCHAR NOT NULL,
+            format SMALLINT NOT NULL, allowed_roles VARCHAR NOT NULL, metadata VARCHAR NOT NULL,
+            chunk_count INTEGER NOT NULL, live BOOLEAN NOT NULL, indexed BOOLEAN NOT NULL,
+            created_at_ms BIGINT NOT NULL, PRIMARY KEY (tenant_id, doc_id, version));
+        CREATE TABLE kb_chunks (
+            tenant_id VARCHAR NOT NULL, doc_id VARCHAR NOT NULL, version INTEGER NOT NULL,
+            chunk_index INTEGER NOT NULL, heading VARCHAR NOT NULL, text VARCHAR NOT NULL, tokens INTEGER NOT NULL,
+            PRIMARY KEY (tenant_id, doc_id, version, chunk_index));
+        CREATE TABLE graph_edges (
+            tenant_id VARCHAR NOT NULL, edge_id VARCHAR NOT NULL, subject VARCHAR NOT NULL, relation VARCHAR NOT NULL,
+            object VARCHAR NOT NULL, source VARCHAR NOT NULL, valid_from_ms BIGINT NOT NULL,
+            valid_to_ms BIGINT NOT NULL, PRIMARY KEY (tenant_id, edge_id));
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -1,0 +1,162 @@
+"""Knowledge base and graph facts through the real server: versions, ACL, grounding, multi-hop,
+restart, conflicts with memory."""
+
+import grpc
+
+from sidecar.api import context_service_pb2 as pb
+from tests.grpc_assert import expect_status
+
+RUNBOOK_V1 = """# Payment API runbook
+## Restart procedure
+To restart payment-api, drain traffic at the load balancer first, then run a rolling restart with
+kubectl rollout restart deployment/payment-api in the payments namespace. Wait for readiness.
+## Dependencies
+payment-api depends on payment-db and payment-api calls fraud-service.
+"""
+RUNBOOK_V2 = """# Payment API runbook
+## Restart procedure
+Restarts of payment-api are done only by the release bot: open a change ticket and let the bot
+perform a blue-green switch. Manual rollout restarts are forbidden since version 2.
+"""
+
+
+def _ingest(stub, scope, doc_id, text, roles=(), title="Payment API runbook", **kw):
+    r = stub.IngestDocument(pb.IngestDocumentRequest(scope=scope, doc_id=doc_id, title=title, text=text,
+                                                     format=pb.DOCUMENT_FORMAT_MARKDOWN, allowed_roles=list(roles),
+                                                     **kw))
+    done = stub.WaitForJobs(pb.WaitForJobsRequest(scope=scope, job_ids=[r.job_id], timeout_ms=30000))
+    assert done.all_finished and done.jobs[0].status == pb.JOB_STATUS_DONE, done
+    return r
+
+
+def _search(stub, scope, query, roles=(), k=5):
+    return stub.SearchKnowledge(pb.SearchKnowledgeRequest(scope=scope, query=query, roles=list(roles), k=k))
+
+
+def test_versions_live_rollback(stub, scope):
+    v1 = _ingest(stub, scope, "runbook-pay", RUNBOOK_V1)
+    assert v1.version == 1 and v1.chunk_count >= 2
+    hits = _search(stub, scope, "how do I restart payment-api?").hits
+    assert hits and "rolling restart" in hits[0].text and hits[0].source.startswith("kb:runbook-pay@v1#")
+    v2 = _ingest(stub, scope, "runbook-pay", RUNBOOK_V2)
+    assert v2.version == 2
+    for _ in range(3):
+        hits = _search(stub, scope, "restart payment-api rolling restart kubectl", k=10).hits
+        assert hits and all(h.version == 2 for h in hits)
+        assert not any("kubectl rollout restart" in h.text for h in hits)
+    versions = stub.ListDocumentVersions(pb.ListDocumentVersionsRequest(scope=scope, doc_id="runbook-pay")).versions
+    assert [(v.version, v.live, v.indexed) for v in versions] == [(1, False, True), (2, True, True)]
+    stub.SetLiveVersion(pb.SetLiveVersionRequest(scope=scope, doc_id="runbook-pay", version=1))
+    hits = _search(stub, scope, "restart payment-api rolling restart kubectl").hits
+    assert hits[0].version == 1 and "kubectl rollout restart" in hits[0].text
+    expect_status(lambda: stub.SetLiveVersion(pb.SetLiveVersionRequest(scope=scope, doc_id="runbook-pay", version=9)),
+                  grpc.StatusCode.NOT_FOUND, "version 9")
+
+
+def test_acl_and_tenant_isolation(stub, scope):
+    _ingest(stub, scope, "sre-only", "# Break glass\nThe production break-glass password rotation runbook for "
+            "ledger-db lives in the vault under sre/breakglass.", roles=["sre"], title="Break glass")
+    _ingest(stub, scope, "public", "# Onboarding\nNew developers start with the ledger-db schema overview.",
+            title="Onboarding")
+    q = "ledger-db break-glass rotation runbook"
+    dev = _search(stub, scope, q, roles=["developer"], k=10).hits
+    assert dev and all(h.doc_id == "public" for h in dev)
+    sre = _search(stub, scope, q, roles=["sre"], k=10).hits
+    assert sre[0].doc_id == "sre-only"
+    other = pb.Scope(tenant_id=scope.tenant_id + "-other", user_id="x")
+    assert not _search(stub, other, q, roles=["sre"]).hits
+    sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    ctx = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid, query=q, roles=["developer"]))
+    assert not [it for s in ctx.sections for it in s.items if "sre-only" in it.source]
+
+
+def test_grounding_matched_and_no_match(stub, scope):
+    _ingest(stub, scope, "runbook-pay", RUNBOOK_V1)
+    sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    matched = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid,
+                                                       query="what are the steps to restart the payment api?"))
+    assert matched.knowledge_status == pb.KNOWLEDGE_STATUS_MATCHED
+    kb = [it for s in matched.sections if s.kind == pb.SECTION_KIND_KNOWLEDGE for it in s.items]
+    assert any(it.source.startswith("kb:runbook-pay@v1#") for it in kb)
+    miss = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid,
+                                                    query="what is the capital of France?"))
+    assert miss.knowledge_status == pb.KNOWLEDGE_STATUS_NO_MATCH
+    assert _search(stub, scope, "favourite pizza topping").status == pb.KNOWLEDGE_STATUS_NO_MATCH
+    empty = pb.Scope(tenant_id=scope.tenant_id + "-empty", user_id="u")
+    sid2 = stub.CreateSession(pb.CreateSessionRequest(scope=empty)).session_id
+    none = stub.BuildContext(pb.BuildContextRequest(scope=empty, session_id=sid2, query="restart payment api"))
+    assert none.knowledge_status == pb.KNOWLEDGE_STATUS_NOT_CONSULTED
+
+
+def test_multi_hop_paths_and_cycles(stub, scope):
+    _ingest(stub, scope, "deps", "# Dependencies\ncheckout-web calls payment-api. payment-api depends on payment-db. "
+            "payment-db depends on storage-cluster.", title="Service map")
+    # a cycle: storage-cluster depends on checkout-web (made up, to prove cycles end)
+    stub.UpsertEdges(pb.UpsertEdgesRequest(scope=scope, edges=[
+        pb.Edge(subject="storage-cluster", relation="depends_on", object="checkout-web", source="message:m1")]))
+    impact = stub.QueryGraph(pb.QueryGraphRequest(scope=scope, entity="storage-cluster", max_hops=3,
+                                                  direction=pb.GRAPH_DIRECTION_INCOMING)).paths
+    chains = [list(p.entities) for p in impact]
+    assert ["storage-cluster", "payment-db", "payment-api", "checkout-web"] in chains
+    assert all(len(set(c)) == len(c) and len(c) <= 4 for c in chains)
+    three = next(p for p in impact if len(p.edges) == 3 and p.entities[-1] == "checkout-web")
+    assert [e.source.split("#")[0] for e in three.edges] == ["kb:deps@v1"] * 3
+    outgoing = stub.QueryGraph(pb.QueryGraphRequest(scope=scope, entity="checkout-web", max_hops=3)).paths
+    assert ["checkout-web", "payment-api", "payment-db", "storage-cluster"] in [list(p.entities) for p in outgoing]
+    expect_status(lambda: stub.QueryGraph(pb.QueryGraphRequest(scope=scope, entity="x", max_hops=4)),
+                  grpc.StatusCode.INVALID_ARGUMENT, "max_hops")
+    sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    ctx = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid, query="what breaks if payment-db is down?"))
+    graph = [it for s in ctx.sections for it in s.items if it.source.startswith("graph:")]
+    assert graph and any("payment-api --depends_on--> payment-db" in it.text or "payment-db" in it.text for it in graph)
+    n = stub.DeleteEdges(pb.DeleteEdgesRequest(scope=scope, edge_ids=[impact[0].edges[0].edge_id])).deleted
+    assert n == 1
+
+
+def test_knowledge_beats_conflicting_memory(stub, scope):
+    _ingest(stub, scope, "runbook-pay", RUNBOOK_V2)
+    sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    mem = stub.AddMemory(pb.AddMemoryRequest(scope=scope, type=pb.MEMORY_TYPE_SEMANTIC,
+                                             content="To restart payment-api I just do a manual rollout restart")).memory
+    ctx = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid, query="how do I restart payment-api?"))
+    sources = [it.source for s in ctx.sections for it in s.items]
+    assert f"memory:{mem.memory_id}" not in sources
+    conflict = next(d for d in ctx.dropped if d.source == f"memory:{mem.memory_id}")
+    assert conflict.reason == pb.DROP_REASON_CONFLICT_WITH_KNOWLEDGE and conflict.kept_source.startswith("kb:")
+
+
+def test_restart_index_agrees_with_rows_and_delete_leaves_nothing(spawn):
+    proc = spawn(db_name="kb.duckdb")
+    s = pb.Scope(tenant_id="t", user_id="u")
+    _ingest(proc.stub, s, "runbook-pay", RUNBOOK_V1)
+    _ingest(proc.stub, s, "other", "# Other\nThe order-service owns the checkout queue.", title="Other")
+    before = _search(proc.stub, s, "restart payment-api").hits
+    assert proc.terminate() == 0
+    again = spawn(db_name="kb.duckdb")
+    after = _search(again.stub, s, "restart payment-api").hits
+    assert [h.source for h in after] == [h.source for h in before]
+    deleted = again.stub.DeleteDocument(pb.DeleteDocumentRequest(scope=s, doc_id="runbook-pay"))
+    assert deleted.versions_deleted == 1 and deleted.chunks_deleted >= 2
+    assert all(h.doc_id != "runbook-pay" for h in _search(again.stub, s, "restart payment-api", k=20).hits)
+    again.proc.kill()
+    again.proc.wait()
+    third = spawn(db_name="kb.duckdb")
+    assert all(h.doc_id != "runbook-pay" for h in _search(third.stub, s, "restart payment-api", k=20).hits)
+    assert [d.doc_id for d in third.stub.ListDocuments(pb.ListDocumentsRequest(scope=s)).documents] == ["other"]
+
+
+def test_knowledge_errors(stub, scope):
+    expect_status(lambda: stub.IngestDocument(pb.IngestDocumentRequest(scope=scope, doc_id="d", text="")),
+                  grpc.StatusCode.INVALID_ARGUMENT, "text")
+    expect_status(lambda: stub.IngestDocument(pb.IngestDocumentRequest(scope=scope, doc_id="bad id", text="x")),
+                  grpc.StatusCode.INVALID_ARGUMENT, "doc_id")
+    expect_status(lambda: stub.IngestDocument(pb.IngestDocumentRequest(
+        scope=scope, doc_id="d", text="x", chunking=pb.ChunkingOptions(max_tokens=5))),
+        grpc.StatusCode.INVALID_ARGUMENT, "chunking.max_tokens")
+    expect_status(lambda: stub.IngestDocument(pb.IngestDocumentRequest(scope=scope, doc_id="d", text="x",
+                                                                       allowed_roles=["a b"])),
+                  grpc.StatusCode.INVALID_ARGUMENT, "allowed_roles[0]")
+    expect_status(lambda: stub.ListDocumentVersions(pb.ListDocumentVersionsRequest(scope=scope, doc_id="nope")),
+                  grpc.StatusCode.NOT_FOUND, "doc_id")
+    expect_status(lambda: stub.SearchKnowledge(pb.SearchKnowledgeRequest(scope=scope, query="x", k=1000)),
+                  grpc.StatusCode.INVALID_ARGUMENT, "k")
