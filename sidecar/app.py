@@ -81,6 +81,9 @@ class Sidecar:
         self.kb_worker.start()
         threading.Thread(target=self.knowledge.warm_up, name="kb-warm-up", daemon=True).start()
 
+    def queue_depth(self) -> float:
+        return float(self.store.queue_depth())
+
     def _evict_user(self, scope) -> dict[str, int]:
         self.store.evict_user(scope)
         return {}

@@ -18,11 +18,16 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--auth-token", default=os.environ.get("SIDECAR_AUTH_TOKEN"),
                        help="shared secret clients send as 'authorization: Bearer ...' (env SIDECAR_AUTH_TOKEN)")
     serve.add_argument("--log-level", default=os.environ.get("SIDECAR_LOG_LEVEL", "INFO"))
+    serve.add_argument("--metrics-port", type=int, default=int(os.environ.get("SIDECAR_METRICS_PORT", "0")),
+                       help="serve Prometheus metrics on 127.0.0.1:PORT (default off)")
+    serve.add_argument("--rate-per-tenant", type=float, default=float(os.environ.get("SIDECAR_RATE_PER_TENANT", "0")),
+                       help="requests/s allowed per tenant before RESOURCE_EXHAUSTED (default 0: no limit)")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if args.command == "serve":
         from sidecar.server import serve as run_server
 
-        return run_server(args.db, listen=args.listen, uds=args.uds, auth_token=args.auth_token)
+        return run_server(args.db, listen=args.listen, uds=args.uds, auth_token=args.auth_token,
+                          metrics_port=args.metrics_port, rate_per_tenant=args.rate_per_tenant)
     return 2

@@ -151,8 +151,9 @@ def build_response(result, render_mode: int) -> pb.BuildContextResponse:
                     kept_source=d.kept_source)
     for reason, count in sorted(result.drop_counts.items()):
         resp.dropped_counts.add(reason=reason, count=count)
-    for stage, micros in result.timings:
-        resp.timings.add(stage=stage, micros=micros)
+    if result.debug:
+        for stage, micros in result.timings:
+            resp.timings.add(stage=stage, micros=micros)
     if render_mode == pb.RENDER_MODE_TEXT:
         resp.rendered_text = render_text(result)
     elif render_mode == pb.RENDER_MODE_CHAT:

@@ -7,6 +7,7 @@ import hmac
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 
@@ -14,6 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from sidecar import metrics
 from sidecar.api import context_service_pb2 as pb
 from sidecar.api import context_service_pb2_grpc as pb_grpc
 from sidecar.app import Sidecar
@@ -24,13 +26,37 @@ log = logging.getLogger("sidecar.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ContextService"].full_name
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+MAX_IN_FLIGHT = 256
 # Probes and tooling answer without a token so that orchestrators can check liveness.
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
+class TenantRateLimiter:
+    """Token bucket per tenant: a flooding client gets RESOURCE_EXHAUSTED, the others keep going."""
+
+    def __init__(self, rate_per_s: float, burst: float) -> None:
+        self.rate, self.burst = rate_per_s, burst
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def allow(self, tenant: str) -> bool:
+        if self.rate <= 0:
+            return True
+        now = time.monotonic()
+        with self._lock:
+            tokens, last = self._buckets.get(tenant, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - last) * self.rate)
+            if tokens < 1.0:
+                self._buckets[tenant] = (tokens, now)
+                return False
+            self._buckets[tenant] = (tokens - 1.0, now)
+            return True
+
+
 class GuardInterceptor(grpc.ServerInterceptor):
-    def __init__(self, auth_token: str | None) -> None:
+    def __init__(self, auth_token: str | None, limiter: TenantRateLimiter | None = None) -> None:
         self._expected = f"Bearer {auth_token}".encode() if auth_token else None
+        self._limiter = limiter
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -45,15 +71,38 @@ class GuardInterceptor(grpc.ServerInterceptor):
                 response_serializer=handler.response_serializer)
 
         behaviour = handler.unary_unary
+        name = method.rsplit("/", 1)[-1]
+        limiter = self._limiter
 
         def guarded(request, context):
+            started = time.perf_counter()
+            code = "OK"
             try:
+                remaining = context.time_remaining()
+                if remaining is not None and remaining <= 0.0005:
+                    code = "DEADLINE_EXCEEDED"
+                    context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"{name}: the deadline passed before it started")
+                tenant = request.scope.tenant_id if request.HasField("scope") else ""
+                if limiter is not None and not limiter.allow(tenant):
+                    code = "RESOURCE_EXHAUSTED"
+                    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  f"tenant {tenant[:64]!r} exceeds {limiter.rate:g} requests/s; retry with backoff")
                 return behaviour(request, context)
             except SidecarError as e:
+                code = e.code_name
                 context.abort(getattr(grpc.StatusCode, e.code_name), e.message)
             except Exception:  # a bug must cost one call, never the server
+                if code != "OK":
+                    raise  # an abort above
+                code = "INTERNAL"
                 log.exception("internal error in %s", method)
-                context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.rsplit('/', 1)[-1]}")
+                context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}")
+            finally:
+                elapsed = time.perf_counter() - started
+                metrics.RPC_REQUESTS.labels(name, code).inc()
+                metrics.RPC_LATENCY.labels(name).observe(elapsed)
+                if log.isEnabledFor(logging.DEBUG):  # never message content, only the shape of the call
+                    log.debug("rpc method=%s code=%s ms=%.3f", name, code, elapsed * 1000)
 
         return grpc.unary_unary_rpc_method_handler(
             guarded, request_deserializer=handler.request_deserializer,
@@ -68,11 +117,14 @@ class GuardInterceptor(grpc.ServerInterceptor):
 
 
 def build_server(app: Sidecar, *, listen: str | None, uds: str | None, auth_token: str | None = None,
-                 max_workers: int = 16) -> tuple[grpc.Server, int, health.HealthServicer]:
+                 max_workers: int = 16, rate_per_tenant: float = 0.0) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Returns the started-able server, the bound TCP port (0 for a Unix socket) and its health servicer."""
+    limiter = TenantRateLimiter(rate_per_tenant, burst=max(rate_per_tenant, 1.0) * 2) if rate_per_tenant else None
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
-        interceptors=[GuardInterceptor(auth_token)],
+        interceptors=[GuardInterceptor(auth_token, limiter)],
+        # Beyond this many calls in flight new ones get RESOURCE_EXHAUSTED instead of queueing forever.
+        maximum_concurrent_rpcs=MAX_IN_FLIGHT,
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.so_reuseport", 0)],
@@ -90,9 +142,13 @@ def build_server(app: Sidecar, *, listen: str | None, uds: str | None, auth_toke
 
 
 def serve(db_path: str, *, listen: str | None, uds: str | None, auth_token: str | None,
-          app_factory: Callable[[str], Sidecar] = Sidecar) -> int:
+          app_factory: Callable[[str], Sidecar] = Sidecar, metrics_port: int = 0, rate_per_tenant: float = 0.0) -> int:
     app = app_factory(db_path)
-    server, port, health_servicer = build_server(app, listen=listen, uds=uds, auth_token=auth_token)
+    server, port, health_servicer = build_server(app, listen=listen, uds=uds, auth_token=auth_token,
+                                                 rate_per_tenant=rate_per_tenant)
+    if metrics_port:
+        metrics.bind_gauges(app.queue_depth, app.memories.entry_count, app.knowledge.entry_count)
+        metrics.serve_metrics(metrics_port)
     server.start()
     where = f"unix:{uds}" if uds else f"{(listen or '127.0.0.1:50051').rsplit(':', 1)[0]}:{port}"
     # The line test harnesses wait for; keep its shape.

@@ -3,7 +3,7 @@ Errors are mapped to status codes by the interceptor in server.py, not here."""
 
 from __future__ import annotations
 
-from sidecar import convert
+from sidecar import convert, metrics
 from sidecar.api import context_service_pb2 as pb
 from sidecar.api import context_service_pb2_grpc as pb_grpc
 from sidecar.app import Sidecar
@@ -106,6 +106,7 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
     # ------------------------------------------------------------------ working memory
     def BuildContext(self, request, context):
         result = self.app.builder.build(convert.scope(request), convert.build_request(request))
+        metrics.observe_build(result)
         return convert.build_response(result, request.render)
 
     def CommitTurn(self, request, context):

@@ -120,6 +120,7 @@ class BuildResult:
     stable_prefix_tokens: int
     knowledge_status: int
     timings: list[tuple[str, int]]
+    debug: bool = False
 
     @property
     def total_tokens(self) -> int:
@@ -152,7 +153,7 @@ class ContextBuilder:
         self.resolvers = list(resolvers)
 
     def build(self, scope: Scope, req: BuildRequest) -> BuildResult:
-        clock = _StageClock(req.debug)
+        clock = _StageClock()
         view = self.sessions.view(scope, req.session_id)
         if req.query_embedding is not None and not np.all(np.isfinite(req.query_embedding)):
             raise InvalidArgument("query_embedding holds a NaN or infinite value")
@@ -190,7 +191,8 @@ class ContextBuilder:
         return BuildResult(
             sections=sections, usage=usage, hard_zone_tokens=hard_tokens, soft_zone_tokens=soft_tokens,
             total_budget=budget.total, dropped=dropped, drop_counts=drop_counts, stable_prefix_hash=prefix_hash,
-            stable_prefix_tokens=prefix_tokens, knowledge_status=_knowledge_status(batches), timings=clock.laps)
+            stable_prefix_tokens=prefix_tokens, knowledge_status=_knowledge_status(batches), timings=clock.laps,
+            debug=req.debug)
 
     # ------------------------------------------------------------------ hard zone
     def _hard_zone(self, scope: Scope, view: SessionView, req: BuildRequest
@@ -314,18 +316,16 @@ def _knowledge_status(batches: list[CandidateBatch]) -> int:
 
 
 class _StageClock:
-    """Per-stage microseconds, only when debug asks for them."""
+    """Per-stage microseconds (always measured for metrics; returned to the caller only with debug)."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
+    def __init__(self) -> None:
         self.laps: list[tuple[str, int]] = []
-        self._last = time.perf_counter_ns() if enabled else 0
+        self._last = time.perf_counter_ns()
 
     def lap(self, stage: str) -> None:
-        if self.enabled:
-            now = time.perf_counter_ns()
-            self.laps.append((stage, (now - self._last) // 1000))
-            self._last = now
+        now = time.perf_counter_ns()
+        self.laps.append((stage, (now - self._last) // 1000))
+        self._last = now
 
 
 ROLE_LABELS = {int(r): r.label for r in Role}

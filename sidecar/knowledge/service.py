@@ -94,6 +94,10 @@ class KnowledgeService:
             for tenant_id in list(self._tenants):
                 self.save_tenant(tenant_id)
 
+    def entry_count(self) -> float:
+        with self._lock:
+            return float(sum(len(tk.entries) for tk in self._tenants.values()))
+
     def warm_up(self) -> None:
         """Load and catch up every tenant's index (run in the background at start-up)."""
         for tenant_id in self.store.knowledge_tenants():

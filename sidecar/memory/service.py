@@ -241,6 +241,10 @@ class MemoryService:
                 counts.update(hook(scope))
             return counts
 
+    def entry_count(self) -> float:
+        with self._lock:
+            return float(sum(len(u.index) for u in self._users.values()))
+
     def indexed_ids(self, scope: Scope) -> list[str]:
         with self._lock:
             return sorted(self.user(scope).index.keys())

@@ -718,3 +718,7 @@ class DuckDBStore:
         rows = self._query("SELECT edge_id, subject, relation, object, source, valid_from_ms, valid_to_ms FROM "
                            "graph_edges WHERE tenant_id = ? ORDER BY edge_id", [tenant_id])
         return [GraphEdge(*r) for r in rows]
+
+    def queue_depth(self) -> int:
+        return self._query("SELECT count(*) FROM jobs WHERE status IN (?, ?)",
+                           [int(JobStatus.QUEUED), int(JobStatus.RUNNING)])[0][0]

@@ -536,6 +536,12 @@ class PostgresStore:
                         [int(JobStatus.QUEUED), int(JobStatus.RUNNING)])
             return cur.rowcount
 
+    def queue_depth(self) -> int:
+        with self._tx(system=True) as cur:
+            cur.execute("SELECT count(*) FROM jobs WHERE status IN (%s, %s)",
+                        [int(JobStatus.QUEUED), int(JobStatus.RUNNING)])
+            return cur.fetchone()[0]
+
     # ------------------------------------------------------------------ long-term memory
     @staticmethod
     def _memory(r: Sequence[Any]) -> Memory:

@@ -1,0 +1,48 @@
+"""Prometheus metrics (opt-in HTTP port, bound to 127.0.0.1 by default). Nothing is sent anywhere:
+Prometheus scrapes the sidecar."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+
+RPC_REQUESTS = Counter("sidecar_rpc_requests_total", "RPCs served, by method and status code",
+                       ["method", "code"], registry=REGISTRY)
+RPC_LATENCY = Histogram("sidecar_rpc_latency_seconds", "Server-side RPC latency", ["method"],
+                        buckets=_LATENCY_BUCKETS, registry=REGISTRY)
+BUILD_STAGE = Histogram("sidecar_build_stage_seconds", "BuildContext time per stage", ["stage"],
+                        buckets=(0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.05),
+                        registry=REGISTRY)
+TOKENS_PACKED = Counter("sidecar_context_tokens_packed_total", "Tokens placed in assembled contexts", ["zone"],
+                        registry=REGISTRY)
+ITEMS_DROPPED = Counter("sidecar_context_items_dropped_total", "Candidates left out of contexts, by reason",
+                        ["reason"], registry=REGISTRY)
+JOB_QUEUE = Gauge("sidecar_job_queue_depth", "Jobs queued or running", registry=REGISTRY)
+INDEX_SIZE = Gauge("sidecar_index_entries", "Entries in the in-process indexes", ["index"], registry=REGISTRY)
+
+DROP_REASONS = {1: "over_budget", 2: "duplicate", 3: "low_score", 4: "acl", 5: "expired", 6: "superseded",
+                7: "conflict_with_knowledge"}
+
+
+def observe_build(result) -> None:
+    for stage, micros in result.timings:
+        BUILD_STAGE.labels(stage).observe(micros / 1e6)
+    TOKENS_PACKED.labels("hard").inc(result.hard_zone_tokens)
+    TOKENS_PACKED.labels("soft").inc(result.soft_zone_tokens)
+    for reason, count in result.drop_counts.items():
+        ITEMS_DROPPED.labels(DROP_REASONS.get(reason, str(reason))).inc(count)
+
+
+def bind_gauges(queue_depth: Callable[[], float], memory_entries: Callable[[], float],
+                knowledge_entries: Callable[[], float]) -> None:
+    JOB_QUEUE.set_function(queue_depth)
+    INDEX_SIZE.labels("memories").set_function(memory_entries)
+    INDEX_SIZE.labels("knowledge").set_function(knowledge_entries)
+
+
+def serve_metrics(port: int, addr: str = "127.0.0.1") -> None:
+    start_http_server(port, addr=addr, registry=REGISTRY)
