@@ -12,11 +12,13 @@ from sidecar.assembly.builder import ContextBuilder
 from sidecar.assembly.message_source import MessageSource
 from sidecar.compress.service import SUMMARY_JOB, CompressionService, CompressionSettings
 from sidecar.compress.sources import SummarySource, ToolObservationSource, pinned_items
+from sidecar.domain import Scope
 from sidecar.index.embedders import Embedder, make_embedder
 from sidecar.jobs import JobWorker, requeue_interrupted
 from sidecar.knowledge.service import INDEX_JOB, KnowledgeService
 from sidecar.knowledge.source import KnowledgeSource, knowledge_beats_memory
 from sidecar.llm import ChatClient
+from sidecar.memory.episodic import EpisodicSource
 from sidecar.memory.extract import Extractor, LLMExtractor, RuleBasedExtractor
 from sidecar.memory.pipeline import EXTRACT_JOB, ExtractionPipeline
 from sidecar.memory.service import MemoryService
@@ -25,9 +27,12 @@ from sidecar.services.facts import FactService
 from sidecar.services.runs import RunService
 from sidecar.services.sessions import SessionService
 from sidecar.services.turns import TurnService
-from sidecar.store import open_store
+from sidecar.store import is_postgres, open_store
 
 log = logging.getLogger("sidecar")
+
+# Change kinds keyed by a session id: the cached view of that session is stale.
+SESSION_CHANGES = frozenset({"message", "facts", "session", "tool_result", "run_notes", "summary", "subsession"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,7 @@ class Settings:
     job_poll_s: float = 1.0
     compression: CompressionSettings = CompressionSettings()
     knowledge_threshold: float = 0.2
+    feed_poll_ms: int = 500
 
 
 def default_extractor() -> Extractor:
@@ -64,7 +70,7 @@ class Sidecar:
         # A sub-agent's chatter is not the user's word: its turns are summarised, never made memories.
         self.turns = TurnService(self.sessions, self.worker, [EXTRACT_JOB, SUMMARY_JOB],
                                  subsession_job_kinds=[SUMMARY_JOB])
-        index_dir = None if db_path == ":memory:" else Path(db_path).with_suffix(".indexes")
+        index_dir = None if db_path == ":memory:" or is_postgres(db_path) else Path(db_path).with_suffix(".indexes")
         self.knowledge = KnowledgeService(self.store, self.embedder, index_dir,
                                           relevance_threshold=settings.knowledge_threshold)
         # Indexing has its own worker so a large document never delays memory extraction.
@@ -76,10 +82,47 @@ class Sidecar:
             [MessageSource(), SummarySource(), ToolObservationSource(self.store), MemorySource(self.memories),
              KnowledgeSource(self.knowledge)],
             pinned=pinned_items, resolvers=[knowledge_beats_memory(self.knowledge)])
+        # Episodic recall: the user's past turns from other sessions, indexed as they are appended.
+        self.episodic = EpisodicSource(self.store)
+        self.builder.sources.append(self.episodic)
+        self.store.append_listeners.append(self.episodic.on_append)
+        self.memories.on_forget(self.episodic.forget)
         requeue_interrupted(self.store)
         self.worker.start()
         self.kb_worker.start()
         threading.Thread(target=self.knowledge.warm_up, name="kb-warm-up", daemon=True).start()
+        self.feed = self._follow_other_replicas()
+
+    def _follow_other_replicas(self):
+        """On a shared PostgreSQL store, other replicas' writes arrive through the change feed and
+        evict or refresh this process's caches and indexes."""
+        backend = self.store.backend
+        if not hasattr(backend, "changes_since"):
+            return None
+        from sidecar.store.change_feed import ChangeFeed
+
+        feed = ChangeFeed(backend, self._apply_changes, poll_interval_ms=self.settings.feed_poll_ms)
+        feed.start()
+        return feed
+
+    def _apply_changes(self, changes) -> None:
+        own = self.store.backend.origin
+        for c in changes:
+            if c.origin == own:
+                continue
+            scope = Scope(c.tenant_id, c.user_id)
+            if c.kind in SESSION_CHANGES:
+                self.store.evict_session(scope, c.key)
+                if c.kind == "message":
+                    self.episodic.forget(scope)  # rebuilt from rows with the other replica's turns
+            elif c.kind in ("memory", "memory_delete"):
+                self.memories.invalidate(scope)
+            elif c.kind == "forget":
+                self.memories.invalidate(scope)
+                self.episodic.forget(scope)
+                self.store.evict_user(scope)
+            elif c.kind in ("kb_document", "kb_edges"):
+                self.knowledge.refresh(c.tenant_id, graph=c.kind == "kb_edges")
 
     def queue_depth(self) -> float:
         return float(self.store.queue_depth())
@@ -89,6 +132,8 @@ class Sidecar:
         return {}
 
     def close(self) -> None:
+        if self.feed is not None:
+            self.feed.close()
         self.worker.stop()
         self.kb_worker.stop()
         self.knowledge.save()

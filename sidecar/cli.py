@@ -15,6 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     where = serve.add_mutually_exclusive_group()
     where.add_argument("--listen", default=None, help="HOST:PORT to bind (default 127.0.0.1:50051)")
     where.add_argument("--uds", default=None, help="Unix socket path to bind instead of TCP")
+    serve.add_argument("--store", default=os.environ.get("SIDECAR_STORE"),
+                       help="postgres://... to share memory and knowledge between replicas (default: the --db file)")
     serve.add_argument("--auth-token", default=os.environ.get("SIDECAR_AUTH_TOKEN"),
                        help="shared secret clients send as 'authorization: Bearer ...' (env SIDECAR_AUTH_TOKEN)")
     serve.add_argument("--log-level", default=os.environ.get("SIDECAR_LOG_LEVEL", "INFO"))
@@ -22,12 +24,24 @@ def main(argv: list[str] | None = None) -> int:
                        help="serve Prometheus metrics on 127.0.0.1:PORT (default off)")
     serve.add_argument("--rate-per-tenant", type=float, default=float(os.environ.get("SIDECAR_RATE_PER_TENANT", "0")),
                        help="requests/s allowed per tenant before RESOURCE_EXHAUSTED (default 0: no limit)")
+    migrate = sub.add_parser("migrate", help="apply the versioned schema to a store and print its version")
+    migrate.add_argument("--db", default="./data/sidecar.duckdb")
+    migrate.add_argument("--store", default=os.environ.get("SIDECAR_STORE"))
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(level=getattr(args, "log_level", "INFO").upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.command == "migrate":
+        from sidecar.store import open_backend
+
+        backend = open_backend(args.store or args.db)
+        if hasattr(backend, "migrate"):
+            backend.migrate()
+        print(f"schema version {backend.schema_version()} at {args.store or args.db}")
+        backend.close()
+        return 0
     if args.command == "serve":
         from sidecar.server import serve as run_server
 
-        return run_server(args.db, listen=args.listen, uds=args.uds, auth_token=args.auth_token,
+        return run_server(args.store or args.db, listen=args.listen, uds=args.uds, auth_token=args.auth_token,
                           metrics_port=args.metrics_port, rate_per_tenant=args.rate_per_tenant)
     return 2

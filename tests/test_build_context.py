@@ -157,4 +157,5 @@ def test_budgets_never_exceeded(stub, scope, texts, recent, total, flow):
     packed = sum(it.tokens for it in _section(resp, pb.SECTION_KIND_RECENT_MESSAGES).items)
     assert packed == recent_usage.used <= recent
     selected = len(_section(resp, pb.SECTION_KIND_RECENT_MESSAGES).items)
-    assert recent_usage.candidates == selected + len(resp.dropped) and recent_usage.selected == selected
+    recent_dropped = [d for d in resp.dropped if d.category == pb.CATEGORY_RECENT_MESSAGES]
+    assert recent_usage.candidates == selected + len(recent_dropped) and recent_usage.selected == selected

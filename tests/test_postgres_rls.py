@@ -17,6 +17,7 @@ import pytest
 from sidecar.domain import MemoryChange, NewMessage, Role, Scope
 from sidecar.store.change_feed import Change, ChangeFeed
 from sidecar.store.pg_schema import LATEST_VERSION, TENANT_TABLES, USER_TABLES
+from tests.pg import pg_admin, pg_app_dsn, pg_create_schema, pg_drop_schema
 from tests.test_store_contract import (
     _populate,
     counts,
@@ -26,10 +27,6 @@ from tests.test_store_contract import (
     memory,
     msgs,
     new_session,
-    pg_admin,
-    pg_app_dsn,
-    pg_create_schema,
-    pg_drop_schema,
 )
 
 psycopg = pytest.importorskip("psycopg", reason="!!!!! POSTGRES BACKEND NOT TESTED: psycopg is not installed !!!!!")

@@ -11,7 +11,6 @@ skipped with a loud reason.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -51,47 +50,9 @@ from sidecar.domain import (
 from sidecar.store import schema as duck_schema
 from sidecar.store.duckdb_store import USER_TABLES as DUCK_USER_TABLES
 from sidecar.store.duckdb_store import DuckDBStore
+from tests.pg import pg_admin, pg_app_dsn, pg_create_schema, pg_drop_schema
 
-PG_DSN = os.environ.get("SIDECAR_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
-PG_APP_ROLE = "sidecar_store_app"  # an ordinary role: RLS applies to it
 BACKENDS = ["duckdb", "postgres"]
-
-
-# ---------------------------------------------------------------------------- PostgreSQL helpers
-def pg_admin():
-    """An autocommit admin connection, or a LOUD skip when PostgreSQL is unreachable."""
-    try:
-        import psycopg
-    except ImportError as e:  # pragma: no cover
-        pytest.skip(f"!!!!! POSTGRES BACKEND NOT TESTED: psycopg is not installed ({e}) !!!!!")
-    try:
-        return psycopg.connect(PG_DSN, autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as e:
-        pytest.skip(f"!!!!! POSTGRES BACKEND NOT TESTED: PostgreSQL unreachable at {PG_DSN!r} "
-                    f"(set SIDECAR_TEST_PG_DSN): {str(e).strip()} !!!!!")
-
-
-def pg_app_dsn() -> str:
-    from psycopg.conninfo import make_conninfo
-
-    return make_conninfo(PG_DSN, user=PG_APP_ROLE)
-
-
-def pg_create_schema(admin, prefix: str) -> str:
-    """A fresh schema owned by the ordinary app role (created if missing)."""
-    import psycopg
-
-    try:
-        admin.execute(f"CREATE ROLE {PG_APP_ROLE} LOGIN NOSUPERUSER NOBYPASSRLS")
-    except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
-        pass
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    admin.execute(f"CREATE SCHEMA {name} AUTHORIZATION {PG_APP_ROLE}")
-    return name
-
-
-def pg_drop_schema(admin, name: str) -> None:
-    admin.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
 
 
 @pytest.fixture(scope="module")

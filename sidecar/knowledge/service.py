@@ -158,6 +158,15 @@ class KnowledgeService:
                 out.setdefault(eid, GraphEdge(eid, r.subject, r.relation, r.object, f"kb:{c.key}"))
         return list(out.values())
 
+    def refresh(self, tenant_id: str, *, graph: bool) -> None:
+        """Another replica changed the tenant's knowledge: catch the index up from the rows."""
+        with self._lock:
+            tk = self._tenants.get(tenant_id)
+            if graph:
+                self._graphs.pop(tenant_id, None)
+        if tk is not None and not graph:
+            self._catch_up(tenant_id, tk)
+
     def save_tenant(self, tenant_id: str) -> None:
         path = self._index_path(tenant_id)
         tk = self._tenants.get(tenant_id)

@@ -384,16 +384,7 @@ class EpisodicSource:
 
     def _rows(self, scope: Scope) -> list[Message]:
         # Sessions in creation order, turns in sequence order, so neighbours are conversational.
-        backend = getattr(self.store, "backend", self.store)
-        rows = backend._query(
-            "SELECT m.session_id, m.seq, m.message_id, m.role, m.text, m.timestamp_ms, m.speaker "
-            "FROM messages m JOIN sessions s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id "
-            "AND s.session_id = m.session_id WHERE m.tenant_id = ? AND m.user_id = ? AND m.role IN (?, ?) "
-            "ORDER BY s.created_at_ms, m.session_id, m.seq",
-            [scope.tenant_id, scope.user_id, int(Role.USER), int(Role.ASSISTANT)])
-        return [Message(message_id=r[2], session_id=r[0], seq=r[1], role=Role(r[3]), text=r[4], tool_name="",
-                        tool_call_id="", timestamp_ms=r[5], created_at_ms=0, tokens=0, line_tokens=0, speaker=r[6])
-                for r in rows]
+        return self.store.list_user_messages(scope, [int(Role.USER), int(Role.ASSISTANT)])
 
     # ------------------------------------------------------------------ hot path
     def search(self, scope: Scope, query: str, exclude_session: str, budget_tokens: int,

@@ -60,7 +60,11 @@ class MemoryService:
         self.embedder = embedder
         self._users: dict[tuple[str, str], UserMemories] = {}
         self._lock = threading.RLock()
-        self._on_forget = on_forget or []
+        self._on_forget = list(on_forget or [])
+
+    def on_forget(self, hook) -> None:
+        """Register another holder of the user's derived data; ForgetUser calls hook(scope) -> counts."""
+        self._on_forget.append(hook)
 
     # ------------------------------------------------------------------ state
     def user(self, scope: Scope) -> UserMemories:
@@ -230,6 +234,11 @@ class MemoryService:
         if not changes:
             raise NotFound(f"memory_id {memory_id!r} not found for this tenant and user")
         return changes
+
+    def invalidate(self, scope: Scope) -> None:
+        """Drop the user's in-process state (another replica wrote); rebuilt from rows on next use."""
+        with self._lock:
+            self._users.pop(scope_key(scope), None)
 
     def forget_user(self, scope: Scope) -> dict[str, int]:
         with self._lock:

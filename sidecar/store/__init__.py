@@ -1,13 +1,37 @@
-"""Storage: the Store protocol, the DuckDB backend and the in-process cache in front of it."""
+"""Storage: the Store protocol, the DuckDB and PostgreSQL backends and the in-process cache."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from sidecar.store.base import Store
 from sidecar.store.cache import CachingStore
 from sidecar.store.duckdb_store import DuckDBStore
 
-
-def open_store(path: str) -> CachingStore:
-    """Open the default embedded backend with its hot-read cache."""
-    return CachingStore(DuckDBStore(path))
+POSTGRES_SCHEMES = ("postgres://", "postgresql://")
 
 
-__all__ = ["Store", "CachingStore", "DuckDBStore", "open_store"]
+def is_postgres(url: str) -> bool:
+    return url.startswith(POSTGRES_SCHEMES)
+
+
+def open_backend(url: str):
+    """A DuckDB file path, or a postgres:// URL (an optional `schema=` query parameter picks the
+    schema; the rest goes to libpq)."""
+    if not is_postgres(url):
+        return DuckDBStore(url)
+    from sidecar.store.postgres_store import PostgresStore
+
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query)
+    schema = next((v for k, v in query if k == "schema"), "public")
+    dsn = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k != "schema"])))
+    return PostgresStore(dsn, schema=schema)
+
+
+def open_store(url: str) -> CachingStore:
+    """The backend for `url` with the hot-read cache in front of it."""
+    return CachingStore(open_backend(url))
+
+
+__all__ = ["Store", "CachingStore", "DuckDBStore", "open_backend", "open_store", "is_postgres"]

@@ -232,6 +232,11 @@ class CachingStore:
             if view is not None:
                 view.subsession_results.append(result)
 
+    def evict_session(self, scope: Scope, session_id: str) -> None:
+        """Forget a cached view (another replica changed the session); the next read reloads it."""
+        with self._lock:
+            self._views.pop((scope.tenant_id, scope.user_id, session_id), None)
+
     def evict_user(self, scope: Scope) -> None:
         with self._lock:
             for key in [k for k in self._views if k[0] == scope.tenant_id and k[1] == scope.user_id]:

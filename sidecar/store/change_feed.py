@@ -50,6 +50,7 @@ class Change:
     kind: str
     key: str
     at_ms: int
+    origin: str = ""  # the writing process (PostgresStore.origin)
 
 
 class ChangeFeed:

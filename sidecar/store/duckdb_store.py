@@ -267,6 +267,16 @@ class DuckDBStore:
             rows = self._query(sql + " ORDER BY seq", params)
         return [self._message(r) for r in rows]
 
+    def list_user_messages(self, scope: Scope, roles: Sequence[int]) -> list[Message]:
+        """Every message of the user with one of `roles`, sessions in creation order, turns in order."""
+        cols = ", ".join(f"m.{c.strip()}" for c in _MESSAGE_COLS.split(","))
+        rows = self._query(
+            f"SELECT {cols} FROM messages m JOIN sessions s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id "
+            f"AND s.session_id = m.session_id WHERE m.tenant_id = ? AND m.user_id = ? AND m.role IN "
+            f"({', '.join('?' * len(roles))}) ORDER BY s.created_at_ms, m.session_id, m.seq",
+            [scope.tenant_id, scope.user_id, *[int(r) for r in roles]])
+        return [self._message(r) for r in rows]
+
     # ------------------------------------------------------------------ facts
     @staticmethod
     def _fact(r: Sequence[Any]) -> Fact:

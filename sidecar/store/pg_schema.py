@@ -101,7 +101,7 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         CREATE INDEX jobs_by_owner ON jobs (tenant_id, user_id, status);
         CREATE TABLE change_log (
             seq bigserial PRIMARY KEY, tenant_id text NOT NULL, user_id text NOT NULL,
-            kind text NOT NULL, key text NOT NULL,
+            kind text NOT NULL, key text NOT NULL, origin text NOT NULL DEFAULT '',
             at_ms bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000)::bigint);
         CREATE INDEX change_log_by_owner ON change_log (tenant_id, user_id);
         """ + "".join(rls_ddl(t) for t in _V1_TABLES),

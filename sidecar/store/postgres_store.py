@@ -31,6 +31,7 @@ import hashlib
 import json
 import logging
 import re
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -118,6 +119,8 @@ class PostgresStore:
         self.dsn = dsn
         self.schema = schema
         self._feed_lock = _lock_key("sidecar.change_log", schema)
+        # Tags this process's changes so its own change feed can skip them (its caches are current).
+        self.origin = uuid.uuid4().hex
         self._migrate_lock = _lock_key("sidecar.migrate", schema)
         self._set_path = sql.SQL("SET search_path TO {}").format(sql.Identifier(schema))
         self._pool = ConnectionPool(
@@ -204,10 +207,10 @@ class PostgresStore:
             return
         cur.execute("SELECT pg_advisory_xact_lock(%s)", [self._feed_lock])
         cur.execute(
-            "WITH ins AS (INSERT INTO change_log (tenant_id, user_id, kind, key) "
-            "SELECT %s, %s, %s, k FROM unnest(%s::text[]) WITH ORDINALITY AS u(k, n) ORDER BY n RETURNING seq) "
+            "WITH ins AS (INSERT INTO change_log (tenant_id, user_id, kind, key, origin) "
+            "SELECT %s, %s, %s, k, %s FROM unnest(%s::text[]) WITH ORDINALITY AS u(k, n) ORDER BY n RETURNING seq) "
             "SELECT pg_notify(%s, max(seq)::text) FROM ins",
-            [scope.tenant_id, scope.user_id, kind, list(keys), NOTIFY_CHANNEL])
+            [scope.tenant_id, scope.user_id, kind, self.origin, list(keys), NOTIFY_CHANNEL])
 
     def close(self) -> None:
         self._pool.close()
@@ -215,11 +218,11 @@ class PostgresStore:
     # ------------------------------------------------------------------ change feed
     @staticmethod
     def _change(r: tuple) -> Change:
-        return Change(seq=r[0], tenant_id=r[1], user_id=r[2], kind=r[3], key=r[4], at_ms=r[5])
+        return Change(seq=r[0], tenant_id=r[1], user_id=r[2], kind=r[3], key=r[4], at_ms=r[5], origin=r[6])
 
     def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
         """Changes after `seq`, oldest first, across all users (a system read, for replicas)."""
-        rows = self._query(None, "SELECT seq, tenant_id, user_id, kind, key, at_ms FROM change_log WHERE seq > %s "
+        rows = self._query(None, "SELECT seq, tenant_id, user_id, kind, key, at_ms, origin FROM change_log WHERE seq > %s "
                            "ORDER BY seq LIMIT %s", [seq, limit], system=True)
         return [self._change(r) for r in rows]
 
@@ -359,6 +362,15 @@ class PostgresStore:
         rows = self._query(scope, f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant_id = %s AND user_id = %s AND "
                            "session_id = %s AND message_id = ANY(%s) ORDER BY seq",
                            [scope.tenant_id, scope.user_id, session_id, list(message_ids)])
+        return [self._message(r) for r in rows]
+
+    def list_user_messages(self, scope: Scope, roles: Sequence[int]) -> list[Message]:
+        """Every message of the user with one of `roles`, sessions in creation order, turns in order."""
+        cols = ", ".join(f"m.{c.strip()}" for c in _MESSAGE_COLS.split(","))
+        rows = self._query(scope, f"SELECT {cols} FROM messages m JOIN sessions s ON s.tenant_id = m.tenant_id AND "
+                           "s.user_id = m.user_id AND s.session_id = m.session_id WHERE m.tenant_id = %s AND "
+                           "m.user_id = %s AND m.role = ANY(%s) ORDER BY s.created_at_ms, m.session_id, m.seq",
+                           [scope.tenant_id, scope.user_id, [int(r) for r in roles]])
         return [self._message(r) for r in rows]
 
     # ------------------------------------------------------------------ facts

@@ -1,0 +1,394 @@
+"""Context quality on LoCoMo (issue #8): each conversation replayed through a real sidecar over
+gRPC, then every question (categories 1-4) asked in a new session of that user; evidence recall =
+share of a question's evidence turns present in the context (as the turn itself, or through a
+memory whose source_message_ids include it), beside a recency baseline at the same budgets.
+
+python bench/recall.py [--data PATH] [--limit N] [--profile default|model] [--quick] [--commit turn|session]
+
+The data is CC BY-NC: it is read from ../shared, never copied into the repo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import ROOT, ServerProcess, emit, percentiles
+
+from sidecar.api import context_service_pb2 as pb
+from sidecar.assembly.builder import SOFT_HEADER_RESERVE
+from sidecar.domain import Role
+from sidecar.memory.episodic import render_turn
+from sidecar.tokens import count_tokens
+
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo" / "locomo10.json"
+RESULTS = ROOT / "bench" / "results"
+BUDGETS = (2000, 4000, 8000, 16000)
+CATEGORIES = (1, 2, 3, 4)  # 5 (adversarial) has no evidence to recall
+CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+TENANT = "locomo"
+_EVIDENCE_RE = re.compile(r"^D:?(\d+):0*(\d+)$")
+_SESSION_KEY_RE = re.compile(r"^session_(\d+)$")
+
+
+# ---------------------------------------------------------------------------------------- data
+@dataclass(slots=True)
+class Turn:
+    dia_id: str
+    speaker: str
+    text: str
+    timestamp_ms: int
+    session: int
+
+
+@dataclass(slots=True)
+class Question:
+    text: str
+    category: int
+    evidence: list[str]
+
+
+@dataclass(slots=True)
+class Conversation:
+    index: int
+    speakers: tuple[str, str]
+    sessions: dict[int, list[Turn]]
+    questions: list[Question]
+    issues: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+
+def parse_date(text: str) -> int | None:
+    """"1:56 pm on 8 May, 2023" -> epoch ms (UTC)."""
+    for fmt in ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%d %B, %Y", "%d %B %Y"):
+        try:
+            return int(dt.datetime.strptime(text.strip(), fmt).replace(tzinfo=dt.UTC).timestamp() * 1000)
+        except ValueError:
+            continue
+    return None
+
+
+def normalise_evidence(raw: Sequence[str], known: set[str], issues: dict[str, list[str]]) -> list[str]:
+    """Evidence ids as turns of the conversation: "D8:6; D9:17" is split, "D:11:26" and "D30:05" are
+    repaired; what cannot be matched to a turn is recorded in issues (never silently dropped)."""
+    out: list[str] = []
+    for item in raw:
+        pieces = [p for p in re.split(r"[;,\s]+", str(item)) if p]
+        if len(pieces) > 1:
+            issues["split"].append(str(item))
+        for piece in pieces:
+            m = _EVIDENCE_RE.match(piece)
+            fixed = f"D{m.group(1)}:{m.group(2)}" if m else piece
+            if fixed != piece:
+                issues["repaired"].append(piece)
+            if fixed in known:
+                if fixed not in out:
+                    out.append(fixed)
+            elif m:
+                issues["dangling"].append(piece)
+            else:
+                issues["malformed"].append(piece)
+    return out
+
+
+def load(data: list[dict]) -> list[Conversation]:
+    convs = []
+    for index, item in enumerate(data, 1):
+        c = item["conversation"]
+        conv = Conversation(index, (c["speaker_a"], c["speaker_b"]), {}, [])
+        last_ms = 0
+        # Only the session_N lists that exist: one conversation has date keys without a session.
+        numbers = sorted(int(m.group(1)) for k in c if (m := _SESSION_KEY_RE.match(k)) and isinstance(c[k], list))
+        for n in numbers:
+            when = parse_date(c.get(f"session_{n}_date_time", ""))
+            if when is None:
+                conv.issues["undated_session"].append(str(n))
+                when = last_ms + 86_400_000
+            last_ms = when
+            turns = []
+            for i, t in enumerate(c[f"session_{n}"]):
+                text = t.get("text", "")
+                if t.get("blip_caption"):
+                    text = f"{text} [image: {t['blip_caption']}]"
+                # One second apart keeps the order of a session's turns in their timestamps.
+                turns.append(Turn(t["dia_id"], t["speaker"], text, when + i * 1000, n))
+            conv.sessions[n] = turns
+        known = [t.dia_id for turns in conv.sessions.values() for t in turns]
+        if len(set(known)) != len(known):
+            conv.issues["duplicate_dia_id"].extend(sorted({d for d in known if known.count(d) > 1}))
+        for q in item["qa"]:
+            if q.get("category") not in CATEGORIES:
+                continue
+            evidence = normalise_evidence(q.get("evidence", []), set(known), conv.issues)
+            if not evidence:
+                conv.issues["question_without_evidence"].append(q["question"])
+                continue
+            conv.questions.append(Question(q["question"], int(q["category"]), evidence))
+        convs.append(conv)
+    return convs
+
+
+# ---------------------------------------------------------------------------------------- replay
+def user_of(conv: Conversation) -> pb.Scope:
+    return pb.Scope(tenant_id=TENANT, user_id=f"conv-{conv.index}")
+
+
+def ingest(stub, conv: Conversation, commit: str = "turn") -> dict[str, str]:
+    """Replay the conversation; returns message_id -> dia_id. speaker_a is the user."""
+    scope = user_of(conv)
+    by_message: dict[str, str] = {}
+    for n, turns in conv.sessions.items():
+        sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope, session_id=f"s{n}", title=f"session {n}")
+                                 ).session_id
+        msgs = [pb.NewMessage(role=pb.ROLE_USER if t.speaker == conv.speakers[0] else pb.ROLE_ASSISTANT,
+                              text=t.text, speaker=t.speaker, client_timestamp_ms=t.timestamp_ms) for t in turns]
+        if commit == "turn":
+            for t, m in zip(turns, msgs, strict=True):
+                stored = stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id=sid, messages=[m]))
+                ids = [s.message_id for s in stored.messages]
+                by_message[ids[0]] = t.dia_id
+                stub.CommitTurn(pb.CommitTurnRequest(scope=scope, session_id=sid, message_ids=ids))
+        else:
+            for lo in range(0, len(msgs), 1000):
+                stored = stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id=sid,
+                                                                      messages=msgs[lo:lo + 1000]))
+                for t, s in zip(turns[lo:lo + 1000], stored.messages, strict=True):
+                    by_message[s.message_id] = t.dia_id
+            stub.CommitTurn(pb.CommitTurnRequest(scope=scope, session_id=sid))
+    return by_message
+
+
+def wait_jobs(stub, conv: Conversation) -> None:
+    while not stub.WaitForJobs(pb.WaitForJobsRequest(scope=user_of(conv), timeout_ms=60_000)).all_finished:
+        pass
+
+
+def budget_for(soft: int, query: str) -> pb.Budget:
+    """A budget whose soft zone is exactly `soft` tokens, all of it for memories."""
+    hard = count_tokens(query)
+    return pb.Budget(max_input=soft + hard + SOFT_HEADER_RESERVE, reserved_for_output=0, system_and_tools=0,
+                     session_state=0, recent_messages=0, memories=soft, rag_or_graph=0, tool_observations=0,
+                     flow_unused=True)
+
+
+def context_dia_ids(resp: pb.BuildContextResponse, by_message: dict[str, str]) -> set[str]:
+    found = set()
+    for section in resp.sections:
+        for item in section.items:
+            if item.source.startswith("message:"):
+                found.add(by_message.get(item.source[len("message:"):], ""))
+            found.update(by_message.get(m, "") for m in item.source_message_ids)
+    found.discard("")
+    return found
+
+
+def recency_ids(conv: Conversation, budget: int) -> set[str]:
+    """Newest turns first, as rendered by the sidecar, skipping a turn that does not fit."""
+    turns = [t for n in sorted(conv.sessions) for t in conv.sessions[n]]
+    used, out = 0, set()
+    for t in reversed(turns):
+        role = Role.USER if t.speaker == conv.speakers[0] else Role.ASSISTANT
+        cost = count_tokens(render_turn(t.speaker, role, t.text, t.timestamp_ms))
+        if used + cost <= budget:
+            used += cost
+            out.add(t.dia_id)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- metric
+@dataclass(slots=True)
+class Tally:
+    """Per budget: sum of per-question recall and count of questions with all evidence."""
+
+    recall: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    complete: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    n: int = 0
+
+    def add(self, budget: int, evidence: list[str], present: set[str]) -> None:
+        hit = sum(1 for e in evidence if e in present)
+        self.recall[budget] += hit / len(evidence)
+        self.complete[budget] += hit == len(evidence)
+
+    def figures(self, budgets: Sequence[int]) -> tuple[dict[str, float], dict[str, float]]:
+        d = max(self.n, 1)
+        return ({str(b): round(self.recall[b] / d, 4) for b in budgets},
+                {str(b): round(self.complete[b] / d, 4) for b in budgets})
+
+
+def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int] = BUDGETS, *,
+             commit: str = "turn", log=print) -> dict:
+    """Replay, ask, measure. Returns the figures (fractions 0-1)."""
+    ours, recency = Tally(), Tally()
+    by_cat = {c: Tally() for c in CATEGORIES}
+    by_half = {"conv_1_5": Tally(), "conv_6_10": Tally()}
+    latencies: dict[int, list[float]] = {b: [] for b in budgets}
+    stages: dict[str, list[int]] = defaultdict(list)  # server-side microseconds per stage (debug calls, untimed)
+    ingest_s = 0.0
+    issues: dict[str, list[str]] = defaultdict(list)
+    for conv in conversations:
+        t0 = time.perf_counter()
+        by_message = ingest(stub, conv, commit)
+        wait_jobs(stub, conv)
+        spent = time.perf_counter() - t0
+        ingest_s += spent
+        for kind, items in conv.issues.items():
+            issues[kind].extend(f"conv-{conv.index}:{x}" for x in items)
+        scope = user_of(conv)
+        sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope, session_id="eval")).session_id
+        recent = {b: recency_ids(conv, b) for b in budgets}
+        half = by_half["conv_1_5" if conv.index <= 5 else "conv_6_10"]
+        for q in conv.questions:
+            for tally in (ours, recency, by_cat[q.category], half):
+                tally.n += 1
+            for b in budgets:
+                req = pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, budget=budget_for(b, q.text))
+                t = time.perf_counter()
+                resp = stub.BuildContext(req)
+                latencies[b].append(time.perf_counter() - t)
+                present = context_dia_ids(resp, by_message)
+                for tally in (ours, by_cat[q.category], half):
+                    tally.add(b, q.evidence, present)
+                recency.add(b, q.evidence, recent[b])
+        mid_budget = 4000 if 4000 in budgets else budgets[0]
+        for q in conv.questions[:20]:
+            req = pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, debug=True,
+                                         budget=budget_for(mid_budget, q.text))
+            for timing in stub.BuildContext(req).timings:
+                stages[timing.stage].append(timing.micros)
+        r4 = ours.figures(budgets)[0]
+        log(f"conv {conv.index}: {sum(len(s) for s in conv.sessions.values())} turns ingested in {spent:.1f}s; "
+            f"{len(conv.questions)} questions; cumulative recall {r4}")
+    recall, complete = ours.figures(budgets)
+    rec_recall, rec_complete = recency.figures(budgets)
+    every = [x for b in budgets for x in latencies[b]]
+    lat = percentiles(every) if every else {"p50_ms": 0.0, "p99_ms": 0.0}
+    mid = "4000" if 4000 in budgets else str(budgets[0])
+    return {
+        "questions": ours.n,
+        "recall": recall, "all_evidence": complete,
+        "recency": rec_recall, "recency_all_evidence": rec_complete,
+        "by_category": {str(c): by_cat[c].figures(budgets)[0] for c in CATEGORIES if by_cat[c].n},
+        "by_category_n": {str(c): by_cat[c].n for c in CATEGORIES},
+        "recall_conv_1_5": by_half["conv_1_5"].figures(budgets)[0].get(mid) if by_half["conv_1_5"].n else None,
+        "recall_conv_6_10": by_half["conv_6_10"].figures(budgets)[0].get(mid) if by_half["conv_6_10"].n else None,
+        "halves": {k: t.figures(budgets)[0] for k, t in by_half.items() if t.n},
+        "ingest_s": round(ingest_s, 2),
+        "build_p50_ms": lat["p50_ms"], "build_p99_ms": lat["p99_ms"],
+        "build_ms_by_budget": {str(b): percentiles(latencies[b]) for b in budgets if latencies[b]},
+        "stage_us_p50": {k: sorted(v)[len(v) // 2] for k, v in stages.items()},
+        "evidence_issues": {k: len(v) for k, v in issues.items()},
+        "evidence_issue_items": dict(issues),
+        "commit": commit,
+    }
+
+
+# ---------------------------------------------------------------------------------------- server
+def make_app(db_path: str, profile: str = "default"):
+    from sidecar.app import Settings, Sidecar
+    from sidecar.memory.episodic import EpisodicSource
+
+    if profile == "model":
+        from sidecar.index.embedders import MiniLMEmbedder
+
+        embedder = MiniLMEmbedder()
+        app = Sidecar(db_path, Settings(embedder="minilm"), embedder=embedder)
+        source = EpisodicSource(app.store, embedder)
+    else:
+        app = Sidecar(db_path)
+        source = EpisodicSource(app.store)
+    # The three lines app.py will hold once the source is wired in:
+    app.builder.sources.append(source)
+    app.store.append_listeners.append(source.on_append)
+    app.memories._on_forget.append(source.forget)
+    return app
+
+
+def write_results(figures: dict, profile: str, budgets: Sequence[int]) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"recall-{profile}.json").write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f}"  # noqa: E731
+    lines = [f"# LoCoMo evidence recall, profile `{profile}` ({figures['questions']} questions, categories 1-4)",
+             "", "| | " + " | ".join(f"{b // 1000}k" for b in budgets) + " |",
+             "|---|" + "---|" * len(budgets)]
+    row = lambda name, d: f"| {name} | " + " | ".join(pct(d.get(str(b))) for b in budgets) + " |"  # noqa: E731
+    lines.append(row("ours: evidence recall", figures["recall"]))
+    lines.append(row("ours: all evidence", figures["all_evidence"]))
+    lines.append(row("recency: evidence recall", figures["recency"]))
+    lines.append(row("recency: all evidence", figures["recency_all_evidence"]))
+    for c, d in figures["by_category"].items():
+        lines.append(row(f"cat {c} {CATEGORY_NAMES[int(c)]} (n={figures['by_category_n'][c]})", d))
+    for k, d in figures["halves"].items():
+        lines.append(row(k.replace("_", " "), d))
+    lines += ["", f"Ingest {figures['ingest_s']} s (CommitTurn per {figures['commit']}); BuildContext over gRPC "
+              f"p50 {figures['build_p50_ms']} ms, p99 {figures['build_p99_ms']} ms (all budgets); by budget: "
+              + ", ".join(f"{int(b) // 1000}k p50 {v['p50_ms']} / p99 {v['p99_ms']} ms"
+                          for b, v in figures["build_ms_by_budget"].items()) + ".",
+              f"Server-side stages at 4k, p50 µs: {figures['stage_us_p50']}.",
+              f"Evidence ids repaired or unmatched: {figures['evidence_issues']}.", ""]
+    (RESULTS / f"recall-{profile}.md").write_text("\n".join(lines))
+    try:
+        import matplotlib  # type: ignore[import-not-found]
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found]
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(budgets, [figures["recall"][str(b)] for b in budgets], marker="o", label=f"episodic ({profile})")
+    ax.plot(budgets, [figures["recency"][str(b)] for b in budgets], marker="o", label="recency")
+    ax.set(xscale="log", xlabel="soft-zone budget (tokens)", ylabel="evidence recall", ylim=(0, 1))
+    ax.set_xticks(list(budgets), [f"{b // 1000}k" for b in budgets])
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"recall-{profile}.png", dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", default=str(DEFAULT_DATA))
+    parser.add_argument("--limit", type=int, default=0)
+    parser.add_argument("--profile", choices=("default", "model"), default="default")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--commit", choices=("turn", "session"), default="turn")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--db")
+    parser.add_argument("--listen")
+    parser.add_argument("--log-level")
+    args, _ = parser.parse_known_args()
+    if args.serve:  # the server side: the real sidecar with the episodic source plugged in
+        from sidecar.server import serve
+
+        raise SystemExit(serve(args.db, listen=args.listen, uds=None, auth_token=None,
+                               app_factory=lambda db: make_app(db, args.profile)))
+    path = Path(args.data)
+    if not path.exists():
+        print(f"LoCoMo data not found at {path}: skipping the recall bench")
+        return
+    convs = load(json.loads(path.read_text()))
+    budgets: Sequence[int] = BUDGETS
+    if args.quick:
+        convs, budgets = convs[:2], (2000, 4000)
+    if args.limit:
+        convs = convs[: args.limit]
+    server = ServerProcess(command=[sys.executable, __file__, "--serve", "--profile", args.profile])
+    try:
+        figures = evaluate(server.stub, convs, budgets, commit=args.commit)
+    finally:
+        server.stop()
+    figures["profile"] = args.profile
+    figures["conversations"] = len(convs)
+    if not args.quick:
+        write_results(figures, args.profile, budgets)
+    slim = {k: v for k, v in figures.items() if k != "evidence_issue_items"}
+    emit(slim)
+
+
+if __name__ == "__main__":
+    main()
