@@ -70,3 +70,16 @@ def test_bad_messages_are_rejected_atomically(stub, scope, session_id):
     # None of the rejected batches left anything behind.
     msgs = stub.ListMessages(pb.ListMessagesRequest(scope=scope, session_id=session_id, newest=100)).messages
     assert [m.text for m in msgs] == ["kept"]
+
+
+def test_per_session_message_cap(shared_server, scope, session_id):
+    sessions = shared_server.app.sessions
+    old = sessions.max_session_messages
+    sessions.max_session_messages = 5
+    try:
+        _append(shared_server.stub, scope, session_id, *["x"] * 4)
+        expect_status(lambda: _append(shared_server.stub, scope, session_id, "a", "b"),
+                      grpc.StatusCode.RESOURCE_EXHAUSTED, "cap is 5")
+        _append(shared_server.stub, scope, session_id, "last one fits")
+    finally:
+        sessions.max_session_messages = old

@@ -11,3 +11,5 @@ MAX_RUN_TEXT = 16 * 1024
 MAX_CHECKPOINT_STATE = 4 * 1024 * 1024
 MAX_LIST_NEWEST = 10_000
 MAX_PAGE_SIZE = 500
+# A session holding this many messages takes no more (start a new session; the summary carries on).
+MAX_SESSION_MESSAGES = 100_000

@@ -29,8 +29,9 @@ def check_page_size(size: int) -> int:
 
 
 class SessionService:
-    def __init__(self, store: CachingStore) -> None:
+    def __init__(self, store: CachingStore, *, max_session_messages: int = limits.MAX_SESSION_MESSAGES) -> None:
         self.store = store
+        self.max_session_messages = max_session_messages
 
     # ------------------------------------------------------------------ lookups shared by every service
     def view(self, scope: Scope, session_id: str) -> SessionView:
@@ -99,7 +100,11 @@ class SessionService:
             check_id(m.idempotency_key, f"messages[{i}].idempotency_key", required=False)
             if m.client_timestamp_ms < 0:
                 raise InvalidArgument(f"messages[{i}].client_timestamp_ms must not be negative")
-        self.open_view(scope, session_id)
+        view = self.open_view(scope, session_id)
+        if view.session.message_count + len(messages) > self.max_session_messages:
+            raise ResourceExhausted(
+                f"session_id {session_id!r} holds {view.session.message_count} messages; the cap is "
+                f"{self.max_session_messages} per session")
         # Counted once here; every later read uses the stored counts.
         counts = list(zip(tokens.count_many([m.text for m in messages]),
                           tokens.count_many([render_message_line(m.role, m.speaker, m.text) for m in messages]),
