@@ -9,6 +9,7 @@ import numpy as np
 
 import fastpath
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory
+from sidecar.text import term_set
 from sidecar.tokens import count_many
 
 SERVICES = ["payment-api", "order-service", "checkout-web", "ledger-db", "auth-gateway", "inventory-svc"]
@@ -51,6 +52,9 @@ def _batch(category: SoftCategory, section: Section, texts: list[str], rng: rand
     b.age_s = [rng.uniform(0, 30 * 86400) for _ in texts]
     b.priority = [0.2] * len(texts)
     b.exact_keys, b.simhashes = fastpath.text_keys(texts)
+    # Like the real memory and knowledge sources, attach what was computed at index time.
+    b.vectors = fastpath.hash_embed(texts, 256)
+    b.term_sets = [term_set(t) for t in texts]
     return b
 
 

@@ -43,7 +43,7 @@ HEADERS: dict[Section, str] = {
 HEADER_TOKENS = {s: count_tokens_cached("\n" + h + "\n") for s, h in HEADERS.items()}
 SOFT_SECTIONS = (Section.MEMORIES, Section.KNOWLEDGE, Section.SUMMARY, Section.RECENT_MESSAGES,
                  Section.TOOL_OBSERVATIONS)
-DEFAULT_MAX_DROPPED = 100
+DEFAULT_MAX_DROPPED = 32
 SOFT_HEADER_RESERVE = sum(HEADER_TOKENS[s] for s in SOFT_SECTIONS)
 
 

@@ -91,6 +91,9 @@ class CandidateBatch:
     meta: Callable[[int], ItemMeta] | None = None
     exact_keys: np.ndarray | None = None  # uint64; computed by the builder when None
     simhashes: np.ndarray | None = None
+    # Optional per-candidate embeddings and term sets, for cross-source rules (see knowledge.source).
+    vectors: np.ndarray | None = None
+    term_sets: list[frozenset[str]] | None = None
     dropped: list[SourceDrop] = field(default_factory=list)
     # Set by a knowledge source: True/False when it was consulted, None otherwise.
     knowledge_matched: bool | None = None
@@ -106,7 +109,9 @@ class CandidateBatch:
         for name in ("texts", "sources", "tokens", "relevance", "age_s", "priority"):
             seq = getattr(self, name)
             setattr(self, name, [seq[i] for i in keep])
-        for name in ("exact_keys", "simhashes"):
+        if self.term_sets is not None:
+            self.term_sets = [self.term_sets[i] for i in keep]
+        for name in ("exact_keys", "simhashes", "vectors"):
             arr = getattr(self, name)
             if arr is not None:
                 setattr(self, name, arr[keep])

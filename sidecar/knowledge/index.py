@@ -27,6 +27,7 @@ class ChunkEntry:
     chunk: KnowledgeChunk
     title: str
     acl: Acl
+    terms: frozenset[str] = frozenset()  # filled when indexed; reused by the conflict rule
 
 
 def visible(acl: Acl, roles: Iterable[str]) -> bool:
@@ -49,7 +50,9 @@ class TenantKnowledge:
             self.remove([e.chunk.key for e in entries])
             by_acl: dict[Acl, list] = {}
             for entry, vec in zip(entries, vectors, strict=True):
-                by_acl.setdefault(entry.acl, []).append((entry.chunk.key, vec, chunk_terms(entry)))
+                words = chunk_terms(entry)
+                entry.terms = frozenset(words)
+                by_acl.setdefault(entry.acl, []).append((entry.chunk.key, vec, words))
                 self.entries[entry.chunk.key] = entry
             for acl, items in by_acl.items():
                 group = self.groups.get(acl)

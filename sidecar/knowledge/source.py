@@ -22,6 +22,9 @@ GRAPH_RELEVANCE = 0.35
 CONFLICT_COSINE = 0.45
 CONFLICT_CONTAINMENT = 0.6
 CONFLICT_MIN_SHARED = 3
+# Only the strongest candidates take part: they are the ones that would be packed.
+CONFLICT_MAX_CHUNKS = 8
+CONFLICT_MAX_MEMORIES = 32
 DROP_CONFLICT_WITH_KNOWLEDGE = 7
 
 
@@ -57,6 +60,9 @@ class KnowledgeSource:
                 kb.relevance.append(h.score + KNOWLEDGE_BONUS)
             n = len(hits)
             kb.age_s, kb.priority = [0.0] * n, [0.2] * n
+            kb.term_sets = [e.terms for _, e in hits]
+            kb.vectors = (np.stack([tk.vector(e.chunk.key) for _, e in hits]) if hits
+                          else np.zeros((0, self.knowledge.embedder.dim), np.float32))
         self._graph_candidates(inp, graph, kb)
         return [kb]
 
@@ -72,6 +78,11 @@ class KnowledgeSource:
             return
         with self.knowledge._lock:
             paths = graph.neighbourhood(seeds, max_hops=2, limit=20, at_ms=inp.now_ms)
+        dim = self.knowledge.embedder.dim
+        if kb.vectors is None:
+            kb.vectors, kb.term_sets = np.zeros((0, dim), np.float32), []
+        kb.vectors = np.concatenate([kb.vectors, np.zeros((len(paths), dim), np.float32)])
+        kb.term_sets += [frozenset()] * len(paths)
         for p in paths:
             text = render_path(p)
             kb.texts.append(text)
@@ -83,36 +94,65 @@ class KnowledgeSource:
 
 
 def knowledge_beats_memory(knowledge: KnowledgeService):
-    """Resolver run on all batches before selection: a memory on the subject of a packed-candidate
-    knowledge chunk is taken out and reported as conflict_with_knowledge."""
+    """Resolver run on all batches before selection: a memory on the subject of a knowledge chunk
+    is taken out and reported as conflict_with_knowledge. Uses the vectors and term sets the
+    sources attached (computed at index time), so it costs a small matrix product per call."""
 
     def resolve(batches: list[CandidateBatch]) -> None:
-        kb = [(b, i) for b in batches if b.section == Section.KNOWLEDGE for i, s in enumerate(b.sources)
-              if s.startswith("kb:")]
+        kb = [b for b in batches if b.section == Section.KNOWLEDGE and len(b)]
         memories = [b for b in batches if b.category == SoftCategory.MEMORIES and len(b)]
         if not kb or not memories:
             return
-        kb_bodies = [b.texts[i].split("] ", 1)[-1] for b, i in kb]
-        kb_vecs = knowledge.embedder.embed(kb_bodies)
-        kb_terms = [term_set(body) for body in kb_bodies]
+        refs = [(b, i) for b in kb for i, s in enumerate(b.sources) if s.startswith("kb:")][:CONFLICT_MAX_CHUNKS]
+        if not refs:
+            return
+        kb_vecs = _vectors_of(knowledge, refs)
+        kb_terms = [_terms_of(b, i) for b, i in refs]
         for mb in memories:
             mine = [j for j, s in enumerate(mb.sources) if s.startswith("memory:")]
+            mine = sorted(mine, key=lambda j: -mb.relevance[j])[:CONFLICT_MAX_MEMORIES]
             if not mine:
                 continue
-            contents = [mb.texts[j].removeprefix("- ") for j in mine]
-            sims = knowledge.embedder.embed(contents) @ kb_vecs.T
+            sims = _vectors_of(knowledge, [(mb, j) for j in mine]) @ kb_vecs.T
             out = set()
             for row, j in enumerate(mine):
-                mterms = term_set(contents[row])
-                overlap = [len(mterms & kt) for kt in kb_terms]
-                scores = [max(float(sims[row, c]), (o / len(mterms) if mterms and o >= CONFLICT_MIN_SHARED else 0.0)
-                              * CONFLICT_COSINE / CONFLICT_CONTAINMENT) for c, o in enumerate(overlap)]
+                mterms = _terms_of(mb, j)
+                scores = [max(float(sims[row, c]), _containment(mterms, kt) * CONFLICT_COSINE / CONFLICT_CONTAINMENT)
+                          for c, kt in enumerate(kb_terms)]
                 best = int(np.argmax(scores))
-                b, i = kb[best]
-                if scores[best] >= CONFLICT_COSINE and not near_duplicate(contents[row], kb_bodies[best]):
+                b, i = refs[best]
+                if scores[best] >= CONFLICT_COSINE and not near_duplicate(_body(mb.texts[j]), _body(b.texts[i])):
                     out.add(j)
                     mb.dropped.append(SourceDrop(mb.sources[j], mb.category, DROP_CONFLICT_WITH_KNOWLEDGE,
                                                  int(mb.tokens[j]), kept_source=b.sources[i]))
             mb.remove(out)
 
     return resolve
+
+
+def _body(text: str) -> str:
+    """A candidate's statement without its rendering prefix ("- ", "[title > heading] ")."""
+    return text.removeprefix("- ").split("] ", 1)[-1] if text.startswith("[") else text.removeprefix("- ")
+
+
+def _vectors_of(knowledge: KnowledgeService, refs: list[tuple[CandidateBatch, int]]) -> np.ndarray:
+    """The attached vectors; the missing ones embedded in one call."""
+    out = np.zeros((len(refs), knowledge.embedder.dim), np.float32)
+    missing = []
+    for row, (b, i) in enumerate(refs):
+        if b.vectors is not None and np.any(b.vectors[i]):
+            out[row] = b.vectors[i]
+        else:
+            missing.append(row)
+    if missing:
+        out[missing] = knowledge.embedder.embed([_body(refs[r][0].texts[refs[r][1]]) for r in missing])
+    return out
+
+
+def _terms_of(b: CandidateBatch, i: int) -> frozenset[str]:
+    return b.term_sets[i] if b.term_sets is not None and b.term_sets[i] else term_set(_body(b.texts[i]))
+
+
+def _containment(mine: frozenset[str], theirs: frozenset[str]) -> float:
+    shared = len(mine & theirs)
+    return shared / len(mine) if mine and shared >= CONFLICT_MIN_SHARED else 0.0

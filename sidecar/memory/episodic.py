@@ -399,7 +399,8 @@ class EpisodicSource:
             else:
                 self._users.move_to_end(key)
             empty = np.zeros(0, np.int64), np.zeros(0)
-            if not len(state) or not query:
+            own = len(state.session_rows.get(exclude_session, ()))
+            if len(state) <= own or not query:  # nothing outside the current session to recall
                 return state, *empty
             qvec = query_embedding if query_embedding is not None and query_embedding.shape == (self.dim,) else (
                 self.embedder.embed([query])[0] if self.embedder is not None

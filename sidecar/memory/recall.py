@@ -31,6 +31,13 @@ class UserMemories:
     by_subject: dict[tuple[MemoryType, str], set[str]] = field(default_factory=dict)
     # successor id -> ids it superseded (so BuildContext can say why the old ones are absent)
     superseded: dict[str, list[str]] = field(default_factory=dict)
+    _term_sets: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def term_set(self, memory_id: str) -> frozenset[str]:
+        cached = self._term_sets.get(memory_id)
+        if cached is None:
+            cached = self._term_sets[memory_id] = frozenset(terms(self.active[memory_id].content))
+        return cached
 
     def add(self, memory: Memory, vector: np.ndarray) -> None:
         self.active[memory.memory_id] = memory
@@ -40,6 +47,7 @@ class UserMemories:
 
     def remove(self, memory_id: str) -> bool:
         memory = self.active.pop(memory_id, None)
+        self._term_sets.pop(memory_id, None)
         if memory is None:
             return False
         if memory.subject:

@@ -3,6 +3,8 @@ The user's preferences always compete; other memories only when they match the q
 
 from __future__ import annotations
 
+import numpy as np
+
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory, SourceDrop
 from sidecar.domain import MemoryType
 from sidecar.memory.recall import AUTHORITY_BONUS
@@ -57,6 +59,10 @@ class MemorySource:
         batch.relevance = [score for _, score in picked]
         batch.age_s = [max(inp.now_ms - m.updated_at_ms, 0) / 1000.0 for m, _ in picked]
         batch.priority = [0.1 * m.confidence for m, _ in picked]
+        with self.memories._lock:
+            batch.vectors = (np.stack([state.index.vector(m.memory_id) for m, _ in picked]) if picked
+                             else None)
+            batch.term_sets = [state.term_set(m.memory_id) for m, _ in picked]
         metas = [(0, m.updated_at_ms, None, tuple(m.source_message_ids)) for m, _ in picked]
         batch.meta = metas.__getitem__
         return [batch]
