@@ -52,6 +52,12 @@ class Ranking:
     speaker_boost: float = 1.0  # turns spoken by a person the query names
     date_boost: float = 0.3  # turns of a session in the month/year the query names
     stem: bool = True
+    date_headers: bool = True  # one "[8 May 2023]" item per day instead of the date on every turn
+    prf_docs: int = 0  # pseudo-relevance feedback: top turns whose strongest terms expand the query
+    prf_terms: int = 8
+    prf_weight: float = 0.0
+    spread: float = 0.0  # a turn scores at least spread * the score of its previous/next turn
+    diversity: float = 0.0  # the j-th best turn of a session is divided by 1 + diversity * j
     candidate_factor: float = 1.6  # return turns worth this multiple of the category budget
     max_candidates: int = 600
 
@@ -118,9 +124,21 @@ def query_dates(query: str) -> tuple[set[tuple[int, int]], set[int]]:
     return months, years
 
 
-def render_turn(speaker: str, role: Role, text: str, timestamp_ms: int) -> str:
+def date_label(timestamp_ms: int) -> str:
     day = dt.datetime.fromtimestamp(timestamp_ms / 1000, dt.UTC)
-    return f"[{day.day} {day.strftime('%B')} {day.year}] {speaker or role.label}: {text}"
+    return f"[{day.day} {day.strftime('%B')} {day.year}]"
+
+
+def day_number(timestamp_ms: int) -> int:
+    """yyyymmdd (UTC) of a timestamp."""
+    day = dt.datetime.fromtimestamp(timestamp_ms / 1000, dt.UTC)
+    return day.year * 10000 + day.month * 100 + day.day
+
+
+def render_turn(speaker: str, role: Role, text: str, timestamp_ms: int, *, dated: bool = True) -> str:
+    """A past turn as packed: "[8 May 2023] Ann: text", or "Ann: text" when the date is a header item."""
+    line = f"{speaker or role.label}: {text}"
+    return f"{date_label(timestamp_ms)} {line}" if dated else line
 
 
 # ---------------------------------------------------------------------------------------- index
@@ -129,15 +147,18 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
     dim: int
     cap: int = 256
     window: int = 4
+    dated: bool = True  # the date is part of each turn's text (else: one header item per day)
     ids: list[str] = field(default_factory=list)
     sessions: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
+    row_terms: list[tuple[str, ...]] = field(default_factory=list)  # distinct terms of each turn (for feedback)
     known: set[str] = field(default_factory=set)
     session_rows: dict[str, list[int]] = field(default_factory=dict)
     speakers: dict[str, int] = field(default_factory=dict)  # lowercased name -> speaker id
     postings: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
     arrays: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     total_len: float = 0.0
+    day_items: dict[int, tuple[str, int, int, int]] = field(default_factory=dict)  # day -> text, tokens, keys
 
     def __post_init__(self) -> None:
         self.vectors = np.zeros((self.cap, self.dim), np.float32)
@@ -148,6 +169,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         self.speaker_of = np.full(self.cap, -1, np.int32)
         self.session_of = np.zeros(self.cap, np.int32)
         self.year_month = np.zeros(self.cap, np.int32)  # year * 100 + month of the session's first turn
+        self.day_of = np.zeros(self.cap, np.int32)  # yyyymmdd of the turn
         self.doc_len = np.zeros(self.cap, np.float32)
         self.exact = np.zeros(self.cap, np.uint64)
         self.simhash = np.zeros(self.cap, np.uint64)
@@ -162,7 +184,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             return
         cap = max(need, self.cap * 2)
         for name in ("vectors", "tokens", "timestamps", "seqs", "roles", "speaker_of", "session_of", "year_month",
-                     "doc_len", "exact", "simhash", "nbr"):
+                     "day_of", "doc_len", "exact", "simhash", "nbr"):
             old = getattr(self, name)
             new = np.full((cap, *old.shape[1:]), -1 if name in ("nbr", "speaker_of") else 0, old.dtype)
             new[: self.cap] = old[: self.cap]
@@ -173,7 +195,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         fresh = [m for m in messages if m.role in INDEXED_ROLES and m.message_id not in self.known and m.text]
         if not fresh:
             return 0
-        texts = [render_turn(m.speaker, m.role, m.text, m.timestamp_ms) for m in fresh]
+        texts = [render_turn(m.speaker, m.role, m.text, m.timestamp_ms, dated=self.dated) for m in fresh]
         start = len(self.ids)
         self._grow(start + len(fresh))
         end = start + len(fresh)
@@ -191,6 +213,12 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             self.sessions.append(m.session_id)
             self.texts.append(text)
             self.timestamps[row] = m.timestamp_ms
+            day = day_number(m.timestamp_ms)
+            self.day_of[row] = day
+            if not self.dated and day not in self.day_items:
+                label = date_label(m.timestamp_ms)
+                keys = fastpath.text_keys([label])
+                self.day_items[day] = (label, count_many([label])[0], int(keys[0][0]), int(keys[1][0]))
             self.seqs[row] = m.seq
             self.roles[row] = int(m.role)
             name = (m.speaker or m.role.label).lower()
@@ -219,6 +247,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
                 posting[0].append(row)
                 posting[1].append(tf)
                 self.arrays.pop(t, None)
+            self.row_terms.append(tuple(counts))
             self.doc_len[row] = len(words)
             self.total_len += len(words)
         return len(fresh)
@@ -318,18 +347,59 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             if dtop > 0:
                 score = (1.0 - r.dense_weight) * score + r.dense_weight * dense / dtop
         score = score.astype(np.float64)
+        mult = np.ones(n)
         if named and r.speaker_boost and len(named) < len(self.speakers):
-            score *= np.where(np.isin(self.speaker_of[:n], named), 1.0 + r.speaker_boost, 1.0)
+            mult *= np.where(np.isin(self.speaker_of[:n], named), 1.0 + r.speaker_boost, 1.0)
         months, years = query_dates(query)
         if (months or years) and r.date_boost:
             ym = self.year_month[:n]
             hit = np.isin(ym // 100, list(years)) if years else np.zeros(n, bool)
             for year, month in months:
                 hit |= (ym % 100 == month) & ((ym // 100 == year) if year else True)
-            score *= np.where(hit, 1.0 + r.date_boost, 1.0)
+            mult *= np.where(hit, 1.0 + r.date_boost, 1.0)
         if exclude_session and exclude_session in self.session_rows:
-            score[self.session_rows[exclude_session]] = -np.inf
+            mult[self.session_rows[exclude_session]] = 0.0
+        if r.prf_docs > 0 and r.prf_weight > 0 and n > r.prf_docs:
+            fb = self._feedback(score * mult, set(q_terms), r)
+            if fb:
+                extra = self.window_bm25(fb, decay, r.k1, r.b)
+                etop = float(extra.max())
+                if etop > 0:
+                    score = score + r.prf_weight * extra / etop
+        score = score * mult
+        if r.spread > 0 and n:
+            nbr = self.nbr[:n, w - 1:w + 1]  # previous and next turn
+            padded = np.append(score, 0.0)
+            score = np.maximum(score, r.spread * padded[np.where(nbr < 0, n, nbr)].max(axis=1))
+        if r.diversity > 0 and n:
+            top = np.argsort(-score, kind="stable")[: min(n, r.max_candidates)]
+            sess = self.session_of[top]
+            order = np.lexsort((np.arange(len(top)), sess))  # by session, best first inside one
+            first = np.r_[True, sess[order][1:] != sess[order][:-1]]
+            starts = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
+            rank_in = np.empty(len(top), np.int64)
+            rank_in[order] = np.arange(len(order)) - starts
+            score[top] = score[top] / (1.0 + r.diversity * rank_in)
+        score[mult == 0.0] = -np.inf
         return score
+
+    def _feedback(self, score: np.ndarray, query_terms: set[str], r: Ranking) -> list[str]:
+        """The prf_terms terms most characteristic of the prf_docs best turns (idf-weighted, not in the query)."""
+        n = len(self.ids)
+        best = np.argpartition(-score, r.prf_docs - 1)[: r.prf_docs]
+        weight: dict[str, float] = {}
+        names = {stem(x) for name in self.speakers for x in name.split()}
+        for row in best.tolist():
+            if score[row] <= 0:
+                continue
+            for t in self.row_terms[row]:
+                if t in query_terms or t in names:
+                    continue
+                df = len(self.postings[t][0])
+                if df < 2:
+                    continue
+                weight[t] = weight.get(t, 0.0) + math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+        return sorted(weight, key=weight.__getitem__, reverse=True)[: r.prf_terms]
 
 
 class EpisodicSource:
@@ -375,7 +445,7 @@ class EpisodicSource:
 
     def _load(self, scope: Scope) -> _UserIndex:
         key = (scope.tenant_id, scope.user_id)
-        state = _UserIndex(dim=self.dim, window=max(self.ranking.neighbours, 1))
+        state = _UserIndex(dim=self.dim, window=max(self.ranking.neighbours, 1), dated=not self.ranking.date_headers)
         state.add(self._rows(scope), self.embedder, self.ranking.stem)
         self._users[key] = state
         while len(self._users) > self.max_users:
@@ -432,15 +502,45 @@ class EpisodicSource:
             return [batch]
         ids, texts = state.ids, state.texts
         row_list = rows.tolist()
+        ts, seqs, roles = state.timestamps[rows].tolist(), state.seqs[rows].tolist(), state.roles[rows].tolist()
+        age = np.maximum(inp.now_ms - state.timestamps[rows], 0) / 1000.0
+        # Packed turns read as a timeline: order by time, then by sequence inside a session.
+        keys = [float(t) * 1000.0 + s % 1000 for t, s in zip(ts, seqs, strict=True)]
+        metas = [(roles[j], ts[j], keys[j], (ids[row_list[j]],)) for j in range(len(row_list))]
         batch.texts = [texts[i] for i in row_list]
         batch.sources = [f"message:{ids[i]}" for i in row_list]
         batch.tokens = state.tokens[rows]
         batch.relevance = relevance
-        batch.age_s = np.maximum(inp.now_ms - state.timestamps[rows], 0) / 1000.0
-        batch.priority = np.zeros(len(rows))
+        batch.age_s = age
         batch.exact_keys = state.exact[rows]
         batch.simhashes = state.simhash[rows]
-        ts, seqs, roles = state.timestamps[rows].tolist(), state.seqs[rows].tolist(), state.roles[rows].tolist()
-        # Packed turns read as a timeline: order by time, then by sequence inside a session.
-        batch.meta = lambda j: (roles[j], ts[j], float(ts[j]) * 1000.0 + seqs[j] % 1000, (ids[row_list[j]],))
+        if not state.dated:
+            self._day_headers(state, batch, rows, metas)
+        batch.priority = np.zeros(len(batch.texts))
+        batch.meta = metas.__getitem__
         return [batch]
+
+    @staticmethod
+    def _day_headers(state: _UserIndex, batch: CandidateBatch, rows: np.ndarray, metas: list) -> None:
+        """One "[8 May 2023]" item per day of the candidates, ahead of them: relevance and recency of
+        the day's best turn (so it is packed before any of them) and an order key just before the
+        day's first turn. A day's date costs its tokens once instead of on every turn."""
+        days = state.day_of[rows]
+        uniq, first, inverse = np.unique(days, return_index=True, return_inverse=True)
+        rel = np.asarray(batch.relevance, np.float64)
+        age = np.asarray(batch.age_s, np.float64)
+        min_age = np.full(len(uniq), np.inf)
+        np.minimum.at(min_age, inverse, age)
+        keys = np.array([m[2] for m in metas])
+        min_key = np.full(len(uniq), np.inf)
+        np.minimum.at(min_key, inverse, keys)
+        items = [state.day_items[d] for d in uniq.tolist()]
+        batch.texts = [it[0] for it in items] + batch.texts
+        batch.sources = [f"date:{d}" for d in uniq.tolist()] + batch.sources
+        batch.tokens = np.concatenate([np.array([it[1] for it in items], np.int32), batch.tokens])
+        batch.relevance = np.concatenate([rel[first], rel])
+        batch.age_s = np.concatenate([min_age, age])
+        batch.exact_keys = np.concatenate([np.array([it[2] for it in items], np.uint64), batch.exact_keys])
+        batch.simhashes = np.concatenate([np.array([it[3] for it in items], np.uint64), batch.simhashes])
+        first_ts = state.timestamps[rows[first]].tolist()
+        metas[:0] = [(0, t, k - 0.5, ()) for t, k in zip(first_ts, min_key.tolist(), strict=True)]

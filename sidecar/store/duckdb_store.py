@@ -17,11 +17,9 @@ from typing import Any
 import duckdb
 
 from sidecar.domain import (
-    Authority,
     DocumentVersion,
     Fact,
     FactChange,
-    FactStatus,
     GraphEdge,
     Job,
     JobStatus,
@@ -29,51 +27,23 @@ from sidecar.domain import (
     Memory,
     MemoryChange,
     MemoryStatus,
-    MemoryType,
     Message,
     NewMessage,
     PinnedConstraint,
-    Provenance,
-    Role,
     Run,
     RunCheckpoint,
     RunNote,
-    RunStatus,
     Scope,
     Session,
     SessionStatus,
     SessionSummary,
     SubSessionResult,
     ToolResult,
-    ToolStatus,
 )
 from sidecar.ids import new_id
+from sidecar.store import records
+from sidecar.store.records import USER_TABLES
 from sidecar.store.schema import MIGRATIONS
-
-_SESSION_COLS = ("tenant_id, user_id, session_id, title, status, created_at_ms, updated_at_ms, closed_at_ms, "
-                 "parent_session_id, task, metadata")
-_MESSAGE_COLS = ("tenant_id, user_id, session_id, seq, message_id, role, text, tool_name, tool_call_id, "
-                 "timestamp_ms, created_at_ms, tokens, line_tokens, idempotency_key, speaker")
-_FACT_COLS = "key, value, provenance, source, updated_at_ms, status, version, tokens"
-_RUN_COLS = "run_id, session_id, status, goal, reason, created_at_ms, updated_at_ms"
-_MEMORY_COLS = ("memory_id, type, content, subject, source_message_ids, confidence, authority, created_at_ms, "
-                "updated_at_ms, expires_at_ms, status, superseded_by, tokens")
-# Every table that holds a user's data; ForgetUser empties each of them for that user.
-USER_TABLES = ("sessions", "messages", "facts", "fact_history", "runs", "run_checkpoints", "jobs", "memories",
-               "memory_history", "turn_commits", "tool_results", "run_notes", "session_summaries",
-               "pinned_constraints", "subsession_results")
-_TOOL_COLS = ("tool_result_id, session_id, run_id, tool_name, call_id, status, tokens, lines, view_text, view_tokens, "
-              "brief_text, brief_tokens, created_at_ms")
-_DOC_COLS = ("doc_id, version, title, format, allowed_roles, metadata, chunk_count, live, indexed, "
-             "created_at_ms")
-_NOTE_COLS = "note_id, session_id, run_id, seq, text, tokens, is_summary, folded_note_ids, created_at_ms"
-_JOB_COLS = ("job_id, tenant_id, user_id, kind, payload, status, attempts, error, done_items, total_items, "
-             "created_at_ms, updated_at_ms, result")
-
-# Message count and last message time of a session, so appends need not update the session row.
-_MESSAGE_STATS = ("(SELECT count(*) FROM messages m WHERE m.tenant_id = s.tenant_id AND m.user_id = s.user_id "
-                  "AND m.session_id = s.session_id), (SELECT coalesce(max(created_at_ms), 0) FROM messages m "
-                  "WHERE m.tenant_id = s.tenant_id AND m.user_id = s.user_id AND m.session_id = s.session_id)")
 
 # Rows per multi-row INSERT: large enough to amortise the statement cost, small enough for the parser.
 _INSERT_CHUNK = 200
@@ -143,17 +113,9 @@ class DuckDBStore:
             self._conn.close()
 
     # ------------------------------------------------------------------ sessions
-    @staticmethod
-    def _session(row: tuple) -> Session:
-        return Session(
-            tenant_id=row[0], user_id=row[1], session_id=row[2], title=row[3], status=SessionStatus(row[4]),
-            created_at_ms=row[5], updated_at_ms=max(row[6], row[12]), closed_at_ms=row[7], parent_session_id=row[8],
-            task=row[9], metadata=json.loads(row[10]), message_count=row[11],
-        )
-
     def create_session(self, scope: Scope, session: Session) -> None:
         with self._tx() as c:
-            self._insert_many(c, "sessions", _SESSION_COLS, [(
+            self._insert_many(c, "sessions", records.SESSION_COLS, [(
                 scope.tenant_id, scope.user_id, session.session_id, session.title, int(session.status),
                 session.created_at_ms, session.updated_at_ms, session.closed_at_ms, session.parent_session_id,
                 session.task, json.dumps(session.metadata, sort_keys=True),
@@ -161,21 +123,21 @@ class DuckDBStore:
 
     def get_session(self, scope: Scope, session_id: str) -> Session | None:
         rows = self._query(
-            f"SELECT {_SESSION_COLS}, {_MESSAGE_STATS} FROM sessions s "
+            f"SELECT {records.SESSION_COLS}, {records.MESSAGE_STATS} FROM sessions s "
             "WHERE tenant_id = ? AND user_id = ? AND session_id = ?",
             [scope.tenant_id, scope.user_id, session_id],
         )
-        return self._session(rows[0]) if rows else None
+        return records.session_from(rows[0]) if rows else None
 
     def list_sessions(self, scope: Scope, *, limit: int, offset: int, include_closed: bool) -> list[Session]:
         status_filter = "" if include_closed else f"AND status = {int(SessionStatus.OPEN)}"
         rows = self._query(
-            f"SELECT {_SESSION_COLS}, {_MESSAGE_STATS} FROM sessions s "
+            f"SELECT {records.SESSION_COLS}, {records.MESSAGE_STATS} FROM sessions s "
             f"WHERE tenant_id = ? AND user_id = ? {status_filter} "
             "ORDER BY created_at_ms DESC, session_id DESC LIMIT ? OFFSET ?",
             [scope.tenant_id, scope.user_id, limit, offset],
         )
-        return [self._session(r) for r in rows]
+        return [records.session_from(r) for r in rows]
 
     def close_session(self, scope: Scope, session_id: str, at_ms: int) -> None:
         with self._tx() as c:
@@ -186,14 +148,6 @@ class DuckDBStore:
             )
 
     # ------------------------------------------------------------------ messages
-    @staticmethod
-    def _message(r: tuple) -> Message:
-        return Message(
-            session_id=r[2], seq=r[3], message_id=r[4], role=Role(r[5]), text=r[6], tool_name=r[7],
-            tool_call_id=r[8], timestamp_ms=r[9], created_at_ms=r[10], tokens=r[11], line_tokens=r[12],
-            idempotency_key=r[13], speaker=r[14],
-        )
-
     def append_messages(
         self, scope: Scope, session_id: str, messages: Sequence[NewMessage], token_counts: Sequence[tuple[int, int]],
         now_ms: int, pinned: Sequence[tuple[int, str, int]] = (),
@@ -207,11 +161,11 @@ class DuckDBStore:
                 if key_params:
                     marks = ", ".join("?" * len(key_params))
                     for r in c.execute(
-                        f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant_id = ? AND user_id = ? AND session_id = ? "
+                        f"SELECT {records.MESSAGE_COLS} FROM messages WHERE tenant_id = ? AND user_id = ? AND session_id = ? "
                         f"AND idempotency_key IN ({marks})",
                         [scope.tenant_id, scope.user_id, session_id, *key_params],
                     ).fetchall():
-                        existing[r[13]] = self._message(r)
+                        existing[r[13]] = records.message_from(r)
                 seq_key = (scope.tenant_id, scope.user_id, session_id)
                 next_seq = self._next_seq.get(seq_key)
                 if next_seq is None:
@@ -239,7 +193,7 @@ class DuckDBStore:
                     rows.append((scope.tenant_id, scope.user_id, session_id, msg.seq, msg.message_id, int(msg.role),
                                  msg.text, msg.tool_name, msg.tool_call_id, msg.timestamp_ms, msg.created_at_ms,
                                  msg.tokens, msg.line_tokens, msg.idempotency_key, msg.speaker))
-                self._insert_many(c, "messages", _MESSAGE_COLS, rows)
+                self._insert_many(c, "messages", records.MESSAGE_COLS, rows)
                 # Pinned constraints are written with their message: a committed prohibition is never lost.
                 self._insert_many(c, "pinned_constraints", "tenant_id, user_id, session_id, message_id, idx, text, "
                                   "tokens, created_at_ms",
@@ -253,7 +207,7 @@ class DuckDBStore:
     def list_messages(
         self, scope: Scope, session_id: str, *, newest: int = 0, from_seq: int = 0, to_seq: int = 0
     ) -> list[Message]:
-        base = f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant_id = ? AND user_id = ? AND session_id = ?"
+        base = f"SELECT {records.MESSAGE_COLS} FROM messages WHERE tenant_id = ? AND user_id = ? AND session_id = ?"
         params: list[Any] = [scope.tenant_id, scope.user_id, session_id]
         if newest > 0:
             rows = self._query(base + " ORDER BY seq DESC LIMIT ?", [*params, newest])
@@ -265,30 +219,25 @@ class DuckDBStore:
                 sql += " AND seq <= ?"
                 params.append(to_seq)
             rows = self._query(sql + " ORDER BY seq", params)
-        return [self._message(r) for r in rows]
+        return [records.message_from(r) for r in rows]
 
     def list_user_messages(self, scope: Scope, roles: Sequence[int]) -> list[Message]:
         """Every message of the user with one of `roles`, sessions in creation order, turns in order."""
-        cols = ", ".join(f"m.{c.strip()}" for c in _MESSAGE_COLS.split(","))
+        cols = ", ".join(f"m.{c.strip()}" for c in records.MESSAGE_COLS.split(","))
         rows = self._query(
             f"SELECT {cols} FROM messages m JOIN sessions s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id "
             f"AND s.session_id = m.session_id WHERE m.tenant_id = ? AND m.user_id = ? AND m.role IN "
             f"({', '.join('?' * len(roles))}) ORDER BY s.created_at_ms, m.session_id, m.seq",
             [scope.tenant_id, scope.user_id, *[int(r) for r in roles]])
-        return [self._message(r) for r in rows]
+        return [records.message_from(r) for r in rows]
 
     # ------------------------------------------------------------------ facts
-    @staticmethod
-    def _fact(r: Sequence[Any]) -> Fact:
-        return Fact(key=r[0], value=r[1], provenance=Provenance(r[2]), source=r[3], updated_at_ms=r[4],
-                    status=FactStatus(r[5]), version=r[6], tokens=r[7])
-
     def get_facts(self, scope: Scope, session_id: str) -> list[Fact]:
         rows = self._query(
-            f"SELECT {_FACT_COLS} FROM facts WHERE tenant_id = ? AND user_id = ? AND session_id = ? ORDER BY key, status",
+            f"SELECT {records.FACT_COLS} FROM facts WHERE tenant_id = ? AND user_id = ? AND session_id = ? ORDER BY key, status",
             [scope.tenant_id, scope.user_id, session_id],
         )
-        return [self._fact(r) for r in rows]
+        return [records.fact_from(r) for r in rows]
 
     def write_facts(
         self, scope: Scope, session_id: str, upserts: Sequence[Fact], deletes: Sequence[tuple[str, int]],
@@ -300,7 +249,7 @@ class DuckDBStore:
             for key, status in [*deletes, *((f.key, int(f.status)) for f in upserts)]:
                 c.execute("DELETE FROM facts WHERE tenant_id = ? AND user_id = ? AND session_id = ? AND key = ? "
                           "AND status = ?", [*owner, key, int(status)])
-            self._insert_many(c, "facts", "tenant_id, user_id, session_id, " + _FACT_COLS, [
+            self._insert_many(c, "facts", "tenant_id, user_id, session_id, " + records.FACT_COLS, [
                 (*owner, f.key, f.value, int(f.provenance), f.source, f.updated_at_ms, int(f.status), f.version,
                  f.tokens) for f in upserts])
             self._insert_many(
@@ -318,27 +267,23 @@ class DuckDBStore:
             "WHERE tenant_id = ? AND user_id = ? AND session_id = ? AND key = ? ORDER BY version, at_ms",
             [scope.tenant_id, scope.user_id, session_id, key],
         )
-        return [FactChange(fact=self._fact(r[:8]), action=r[8], reason=r[9]) for r in rows]
+        return [FactChange(fact=records.fact_from(r[:8]), action=r[8], reason=r[9]) for r in rows]
 
     # ------------------------------------------------------------------ runs
-    def _run(self, r: tuple, checkpoints: int) -> Run:
-        return Run(run_id=r[0], session_id=r[1], status=RunStatus(r[2]), goal=r[3], reason=r[4],
-                   created_at_ms=r[5], updated_at_ms=r[6], checkpoint_count=checkpoints)
-
     def create_run(self, scope: Scope, run: Run) -> None:
         with self._tx() as c:
-            self._insert_many(c, "runs", "tenant_id, user_id, " + _RUN_COLS, [(
+            self._insert_many(c, "runs", "tenant_id, user_id, " + records.RUN_COLS, [(
                 scope.tenant_id, scope.user_id, run.run_id, run.session_id, int(run.status), run.goal, run.reason,
                 run.created_at_ms, run.updated_at_ms)])
 
     def get_run(self, scope: Scope, run_id: str) -> Run | None:
         rows = self._query(
-            f"SELECT {_RUN_COLS}, (SELECT count(*) FROM run_checkpoints k WHERE k.tenant_id = r.tenant_id AND "
+            f"SELECT {records.RUN_COLS}, (SELECT count(*) FROM run_checkpoints k WHERE k.tenant_id = r.tenant_id AND "
             "k.user_id = r.user_id AND k.run_id = r.run_id) FROM runs r "
             "WHERE tenant_id = ? AND user_id = ? AND run_id = ?",
             [scope.tenant_id, scope.user_id, run_id],
         )
-        return self._run(rows[0], rows[0][-1]) if rows else None
+        return records.run_from(rows[0], rows[0][-1]) if rows else None
 
     def update_run(self, scope: Scope, run: Run) -> None:
         with self._tx() as c:
@@ -367,41 +312,30 @@ class DuckDBStore:
                              created_at_ms=r[5])
 
     # ------------------------------------------------------------------ jobs
-    @staticmethod
-    def _job(r: tuple) -> Job:
-        return Job(job_id=r[0], tenant_id=r[1], user_id=r[2], kind=r[3], payload=json.loads(r[4]),
-                   status=JobStatus(r[5]), attempts=r[6], error=r[7], done_items=r[8], total_items=r[9],
-                   created_at_ms=r[10], updated_at_ms=r[11], result=json.loads(r[12]))
-
-    @staticmethod
-    def _job_row(j: Job) -> tuple:
-        return (j.job_id, j.tenant_id, j.user_id, j.kind, json.dumps(j.payload), int(j.status), j.attempts, j.error,
-                j.done_items, j.total_items, j.created_at_ms, j.updated_at_ms, json.dumps(j.result))
-
     def enqueue_jobs(self, jobs: Sequence[Job]) -> None:
         with self._tx() as c:
-            self._insert_many(c, "jobs", _JOB_COLS, [self._job_row(j) for j in jobs])
+            self._insert_many(c, "jobs", records.JOB_COLS, [records.job_row(j) for j in jobs])
 
     def get_job(self, scope: Scope, job_id: str) -> Job | None:
-        rows = self._query(f"SELECT {_JOB_COLS} FROM jobs WHERE tenant_id = ? AND user_id = ? AND job_id = ?",
+        rows = self._query(f"SELECT {records.JOB_COLS} FROM jobs WHERE tenant_id = ? AND user_id = ? AND job_id = ?",
                            [scope.tenant_id, scope.user_id, job_id])
-        return self._job(rows[0]) if rows else None
+        return records.job_from(rows[0]) if rows else None
 
     def unfinished_jobs(self, scope: Scope) -> list[Job]:
         rows = self._query(
-            f"SELECT {_JOB_COLS} FROM jobs WHERE tenant_id = ? AND user_id = ? AND status IN (?, ?) ORDER BY created_at_ms",
+            f"SELECT {records.JOB_COLS} FROM jobs WHERE tenant_id = ? AND user_id = ? AND status IN (?, ?) ORDER BY created_at_ms",
             [scope.tenant_id, scope.user_id, int(JobStatus.QUEUED), int(JobStatus.RUNNING)],
         )
-        return [self._job(r) for r in rows]
+        return [records.job_from(r) for r in rows]
 
     def claim_job(self, now_ms: int, kinds: Sequence[str] | None = None) -> Job | None:
         kind_filter = f" AND kind IN ({', '.join('?' * len(kinds))})" if kinds else ""
         with self._tx() as c:
-            rows = c.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE status = ?{kind_filter} "
+            rows = c.execute(f"SELECT {records.JOB_COLS} FROM jobs WHERE status = ?{kind_filter} "
                              "ORDER BY created_at_ms, job_id LIMIT 1", [int(JobStatus.QUEUED), *(kinds or [])]).fetchall()
             if not rows:
                 return None
-            job = self._job(rows[0])
+            job = records.job_from(rows[0])
             job.status, job.attempts, job.updated_at_ms = JobStatus.RUNNING, job.attempts + 1, now_ms
             c.execute("UPDATE jobs SET status = ?, attempts = ?, updated_at_ms = ? WHERE job_id = ?",
                       [int(job.status), job.attempts, now_ms, job.job_id])
@@ -422,20 +356,13 @@ class DuckDBStore:
             return n
 
     # ------------------------------------------------------------------ long-term memory
-    @staticmethod
-    def _memory(r: Sequence[Any]) -> Memory:
-        return Memory(memory_id=r[0], type=MemoryType(r[1]), content=r[2], subject=r[3],
-                      source_message_ids=json.loads(r[4]), confidence=r[5], authority=Authority(r[6]),
-                      created_at_ms=r[7], updated_at_ms=r[8], expires_at_ms=r[9], status=MemoryStatus(r[10]),
-                      superseded_by=r[11], tokens=r[12])
-
     def put_memories(self, scope: Scope, rows: Sequence[tuple[Memory, bytes]], changes: Sequence[MemoryChange]) -> None:
         """Insert or replace memory rows and append their history, in one transaction."""
         with self._tx() as c:
             for m, _ in rows:
                 c.execute("DELETE FROM memories WHERE tenant_id = ? AND user_id = ? AND memory_id = ?",
                           [scope.tenant_id, scope.user_id, m.memory_id])
-            self._insert_many(c, "memories", "tenant_id, user_id, " + _MEMORY_COLS + ", embedding", [
+            self._insert_many(c, "memories", "tenant_id, user_id, " + records.MEMORY_COLS + ", embedding", [
                 (scope.tenant_id, scope.user_id, m.memory_id, int(m.type), m.content, m.subject,
                  json.dumps(m.source_message_ids), m.confidence, int(m.authority), m.created_at_ms, m.updated_at_ms,
                  m.expires_at_ms, int(m.status), m.superseded_by, m.tokens, emb) for m, emb in rows])
@@ -454,13 +381,13 @@ class DuckDBStore:
                            for k, ch in enumerate(changes)])
 
     def get_memory(self, scope: Scope, memory_id: str) -> Memory | None:
-        rows = self._query(f"SELECT {_MEMORY_COLS} FROM memories WHERE tenant_id = ? AND user_id = ? AND memory_id = ?",
+        rows = self._query(f"SELECT {records.MEMORY_COLS} FROM memories WHERE tenant_id = ? AND user_id = ? AND memory_id = ?",
                            [scope.tenant_id, scope.user_id, memory_id])
-        return self._memory(rows[0]) if rows else None
+        return records.memory_from(rows[0]) if rows else None
 
     def list_memories(self, scope: Scope, *, limit: int, offset: int, types: Sequence[int], include_inactive: bool,
                       now_ms: int) -> list[Memory]:
-        sql = f"SELECT {_MEMORY_COLS} FROM memories WHERE tenant_id = ? AND user_id = ?"
+        sql = f"SELECT {records.MEMORY_COLS} FROM memories WHERE tenant_id = ? AND user_id = ?"
         params: list[Any] = [scope.tenant_id, scope.user_id]
         if types:
             sql += f" AND type IN ({', '.join('?' * len(types))})"
@@ -469,13 +396,13 @@ class DuckDBStore:
             sql += " AND status = ? AND (expires_at_ms = 0 OR expires_at_ms > ?)"
             params += [int(MemoryStatus.ACTIVE), now_ms]
         rows = self._query(sql + " ORDER BY updated_at_ms DESC, memory_id LIMIT ? OFFSET ?", [*params, limit, offset])
-        return [self._memory(r) for r in rows]
+        return [records.memory_from(r) for r in rows]
 
     def active_memories_with_embeddings(self, scope: Scope) -> list[tuple[Memory, bytes]]:
-        rows = self._query(f"SELECT {_MEMORY_COLS}, embedding FROM memories WHERE tenant_id = ? AND user_id = ? "
+        rows = self._query(f"SELECT {records.MEMORY_COLS}, embedding FROM memories WHERE tenant_id = ? AND user_id = ? "
                            "AND status = ? ORDER BY created_at_ms, memory_id",
                            [scope.tenant_id, scope.user_id, int(MemoryStatus.ACTIVE)])
-        return [(self._memory(r), bytes(r[-1])) for r in rows]
+        return [(records.memory_from(r), bytes(r[-1])) for r in rows]
 
     def memory_history(self, scope: Scope, memory_id: str) -> list[MemoryChange]:
         rows = self._query(
@@ -483,7 +410,7 @@ class DuckDBStore:
             "expires_at_ms, status, superseded_by, 0, action, reason, at_ms FROM memory_history "
             "WHERE tenant_id = ? AND user_id = ? AND memory_id = ? ORDER BY seq",
             [scope.tenant_id, scope.user_id, memory_id])
-        return [MemoryChange(memory=self._memory(r[:13]), action=r[13], reason=r[14], at_ms=r[15]) for r in rows]
+        return [MemoryChange(memory=records.memory_from(r[:13]), action=r[13], reason=r[14], at_ms=r[15]) for r in rows]
 
     def delete_memory(self, scope: Scope, memory_id: str, tombstone: MemoryChange) -> None:
         """Deletion really deletes: the row and every earlier version; a contentless tombstone stays."""
@@ -506,7 +433,7 @@ class DuckDBStore:
                       "turn_commits WHERE tenant_id = ? AND user_id = ? AND session_id = ?), 0)))",
                       [scope.tenant_id, scope.user_id, session_id, upto_seq, scope.tenant_id, scope.user_id,
                        session_id])
-            self._insert_many(c, "jobs", _JOB_COLS, [self._job_row(j) for j in jobs])
+            self._insert_many(c, "jobs", records.JOB_COLS, [records.job_row(j) for j in jobs])
 
     # ------------------------------------------------------------------ forget
     def forget_user(self, scope: Scope) -> dict[str, int]:
@@ -530,36 +457,24 @@ class DuckDBStore:
                            [scope.tenant_id, scope.user_id, session_id])
         return [PinnedConstraint(*r) for r in rows]
 
-    @staticmethod
-    def _tool(r: Sequence[Any]) -> ToolResult:
-        return ToolResult(tool_result_id=r[0], session_id=r[1], run_id=r[2], tool_name=r[3], call_id=r[4],
-                          status=ToolStatus(r[5]), tokens=r[6], lines=r[7], view_text=r[8], view_tokens=r[9],
-                          brief_text=r[10], brief_tokens=r[11], created_at_ms=r[12],
-                          full_text=r[13] if len(r) > 13 else "")
-
     def insert_tool_result(self, scope: Scope, result: ToolResult) -> None:
         with self._tx() as c:
-            self._insert_many(c, "tool_results", "tenant_id, user_id, " + _TOOL_COLS + ", full_text", [(
+            self._insert_many(c, "tool_results", "tenant_id, user_id, " + records.TOOL_COLS + ", full_text", [(
                 scope.tenant_id, scope.user_id, result.tool_result_id, result.session_id, result.run_id,
                 result.tool_name, result.call_id, int(result.status), result.tokens, result.lines, result.view_text,
                 result.view_tokens, result.brief_text, result.brief_tokens, result.created_at_ms, result.full_text)])
 
     def get_tool_result(self, scope: Scope, tool_result_id: str) -> ToolResult | None:
-        rows = self._query(f"SELECT {_TOOL_COLS}, full_text FROM tool_results WHERE tenant_id = ? AND user_id = ? "
+        rows = self._query(f"SELECT {records.TOOL_COLS}, full_text FROM tool_results WHERE tenant_id = ? AND user_id = ? "
                            "AND tool_result_id = ?", [scope.tenant_id, scope.user_id, tool_result_id])
-        return self._tool(rows[0]) if rows else None
+        return records.tool_from(rows[0]) if rows else None
 
     def recent_tool_results(self, scope: Scope, session_id: str, limit: int) -> list[ToolResult]:
         """Newest last, without the full text."""
-        rows = self._query(f"SELECT {_TOOL_COLS} FROM tool_results WHERE tenant_id = ? AND user_id = ? AND "
+        rows = self._query(f"SELECT {records.TOOL_COLS} FROM tool_results WHERE tenant_id = ? AND user_id = ? AND "
                            "session_id = ? ORDER BY created_at_ms DESC, tool_result_id DESC LIMIT ?",
                            [scope.tenant_id, scope.user_id, session_id, limit])
-        return [self._tool(r) for r in reversed(rows)]
-
-    @staticmethod
-    def _note(r: Sequence[Any]) -> RunNote:
-        return RunNote(note_id=r[0], session_id=r[1], run_id=r[2], seq=r[3], text=r[4], tokens=r[5],
-                       is_summary=bool(r[6]), folded_note_ids=json.loads(r[7]), created_at_ms=r[8])
+        return [records.tool_from(r) for r in reversed(rows)]
 
     def write_run_notes(self, scope: Scope, add: Sequence[RunNote], delete_ids: Sequence[str] = ()) -> None:
         """Add notes and delete folded ones in one transaction."""
@@ -567,14 +482,14 @@ class DuckDBStore:
             for note_id in delete_ids:
                 c.execute("DELETE FROM run_notes WHERE tenant_id = ? AND user_id = ? AND note_id = ?",
                           [scope.tenant_id, scope.user_id, note_id])
-            self._insert_many(c, "run_notes", "tenant_id, user_id, " + _NOTE_COLS, [
+            self._insert_many(c, "run_notes", "tenant_id, user_id, " + records.NOTE_COLS, [
                 (scope.tenant_id, scope.user_id, n.note_id, n.session_id, n.run_id, n.seq, n.text, n.tokens,
                  n.is_summary, json.dumps(n.folded_note_ids), n.created_at_ms) for n in add])
 
     def list_run_notes(self, scope: Scope, session_id: str) -> list[RunNote]:
-        rows = self._query(f"SELECT {_NOTE_COLS} FROM run_notes WHERE tenant_id = ? AND user_id = ? AND "
+        rows = self._query(f"SELECT {records.NOTE_COLS} FROM run_notes WHERE tenant_id = ? AND user_id = ? AND "
                            "session_id = ? ORDER BY run_id, seq", [scope.tenant_id, scope.user_id, session_id])
-        return [self._note(r) for r in rows]
+        return [records.note_from(r) for r in rows]
 
     def put_summary(self, scope: Scope, s: SessionSummary) -> None:
         with self._tx() as c:
@@ -621,18 +536,12 @@ class DuckDBStore:
         if not message_ids:
             return []
         marks = ", ".join("?" * len(message_ids))
-        rows = self._query(f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant_id = ? AND user_id = ? AND "
+        rows = self._query(f"SELECT {records.MESSAGE_COLS} FROM messages WHERE tenant_id = ? AND user_id = ? AND "
                            f"session_id = ? AND message_id IN ({marks}) ORDER BY seq",
                            [scope.tenant_id, scope.user_id, session_id, *message_ids])
-        return [self._message(r) for r in rows]
+        return [records.message_from(r) for r in rows]
 
     # ------------------------------------------------------------------ knowledge base (tenant-shared)
-    @staticmethod
-    def _doc(r: Sequence[Any]) -> DocumentVersion:
-        return DocumentVersion(doc_id=r[0], version=r[1], title=r[2], format=r[3], allowed_roles=json.loads(r[4]),
-                               metadata=json.loads(r[5]), chunk_count=r[6], live=bool(r[7]), indexed=bool(r[8]),
-                               created_at_ms=r[9])
-
     def add_document_version(self, tenant_id: str, doc: DocumentVersion, chunks: Sequence[KnowledgeChunk],
                              job: Job) -> int:
         """Store the next version of a document with its chunks and its indexing job, atomically.
@@ -643,26 +552,26 @@ class DuckDBStore:
             if doc.live:
                 c.execute("UPDATE kb_documents SET live = false WHERE tenant_id = ? AND doc_id = ? AND live",
                           [tenant_id, doc.doc_id])
-            self._insert_many(c, "kb_documents", "tenant_id, " + _DOC_COLS, [(
+            self._insert_many(c, "kb_documents", "tenant_id, " + records.DOC_COLS, [(
                 tenant_id, doc.doc_id, version, doc.title, doc.format, json.dumps(sorted(doc.allowed_roles)),
                 json.dumps(doc.metadata, sort_keys=True), len(chunks), doc.live, False, doc.created_at_ms)])
             self._insert_many(c, "kb_chunks", "tenant_id, doc_id, version, chunk_index, heading, text, tokens",
                               [(tenant_id, doc.doc_id, version, ch.chunk_index, ch.heading, ch.text, ch.tokens)
                                for ch in chunks])
             job.payload["version"] = version
-            self._insert_many(c, "jobs", _JOB_COLS, [self._job_row(job)])
+            self._insert_many(c, "jobs", records.JOB_COLS, [records.job_row(job)])
             return version
 
     def document_versions(self, tenant_id: str, doc_id: str | None = None, *, live_only: bool = False
                           ) -> list[DocumentVersion]:
-        sql = f"SELECT {_DOC_COLS} FROM kb_documents WHERE tenant_id = ?"
+        sql = f"SELECT {records.DOC_COLS} FROM kb_documents WHERE tenant_id = ?"
         params: list[Any] = [tenant_id]
         if doc_id is not None:
             sql += " AND doc_id = ?"
             params.append(doc_id)
         if live_only:
             sql += " AND live"
-        return [self._doc(r) for r in self._query(sql + " ORDER BY doc_id, version", params)]
+        return [records.doc_from(r) for r in self._query(sql + " ORDER BY doc_id, version", params)]
 
     def set_live_version(self, tenant_id: str, doc_id: str, version: int) -> None:
         with self._tx() as c:

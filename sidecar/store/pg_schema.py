@@ -25,6 +25,8 @@ start together do not race); applied versions are recorded in schema_migrations.
 
 from __future__ import annotations
 
+from sidecar.store import records
+
 NOTIFY_CHANNEL = "sidecar_changes"
 
 _USER_PREDICATE = ("(tenant_id = nullif(current_setting('sidecar.tenant_id', true), '') "
@@ -191,11 +193,9 @@ MIGRATIONS: list[tuple[int, str, str]] = [
 
 LATEST_VERSION = MIGRATIONS[-1][0]
 
-# Every table that holds a user's data (as in duckdb_store.USER_TABLES); forget_user empties each of
-# them for the user and reports a count per table. change_log is emptied for the user too, but is
-# not reported (it holds keys, not content, and is not a DuckDB table).
-USER_TABLES = ("sessions", "messages", "facts", "fact_history", "runs", "run_checkpoints", "jobs", "memories",
-               "memory_history", "turn_commits", "tool_results", "run_notes", "session_summaries",
-               "pinned_constraints", "subsession_results")
+# Every table that holds a user's data is the same list as DuckDB's (records.USER_TABLES): forget_user
+# empties each of them for the user and reports a count per table. change_log is emptied for the user
+# too, but is not reported (it holds keys, not content, and is not a DuckDB table).
+USER_TABLES = records.USER_TABLES
 # Tenant-shared tables (knowledge base): RLS checks tenant_id only; ForgetUser does not touch them.
 TENANT_TABLES = _V4_TENANT_TABLES

@@ -41,11 +41,9 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from sidecar.domain import (
-    Authority,
     DocumentVersion,
     Fact,
     FactChange,
-    FactStatus,
     GraphEdge,
     Job,
     JobStatus,
@@ -53,51 +51,29 @@ from sidecar.domain import (
     Memory,
     MemoryChange,
     MemoryStatus,
-    MemoryType,
     Message,
     NewMessage,
     PinnedConstraint,
-    Provenance,
-    Role,
     Run,
     RunCheckpoint,
     RunNote,
-    RunStatus,
     Scope,
     Session,
     SessionStatus,
     SessionSummary,
     SubSessionResult,
     ToolResult,
-    ToolStatus,
 )
 from sidecar.ids import new_id
+from sidecar.store import records
 from sidecar.store.change_feed import Change
 from sidecar.store.pg_schema import MIGRATIONS, NOTIFY_CHANNEL, USER_TABLES
 
 log = logging.getLogger(__name__)
 
-_SESSION_COLS = ("tenant_id, user_id, session_id, title, status, created_at_ms, updated_at_ms, closed_at_ms, "
-                 "parent_session_id, task, metadata")
-_MESSAGE_COLS = ("tenant_id, user_id, session_id, seq, message_id, role, text, tool_name, tool_call_id, "
-                 "timestamp_ms, created_at_ms, tokens, line_tokens, idempotency_key, speaker")
-_FACT_COLS = "key, value, provenance, source, updated_at_ms, status, version, tokens"
-_RUN_COLS = "run_id, session_id, status, goal, reason, created_at_ms, updated_at_ms"
-_MEMORY_COLS = ("memory_id, type, content, subject, source_message_ids, confidence, authority, created_at_ms, "
-                "updated_at_ms, expires_at_ms, status, superseded_by, tokens")
-_JOB_COLS = ("job_id, tenant_id, user_id, kind, payload, status, attempts, error, done_items, total_items, "
-             "created_at_ms, updated_at_ms, result")
-_TOOL_COLS = ("tool_result_id, session_id, run_id, tool_name, call_id, status, tokens, lines, view_text, view_tokens, "
-              "brief_text, brief_tokens, created_at_ms")
-_DOC_COLS = ("doc_id, version, title, format, allowed_roles, metadata, chunk_count, live, indexed, "
-             "created_at_ms")
-_NOTE_COLS = "note_id, session_id, run_id, seq, text, tokens, is_summary, folded_note_ids, created_at_ms"
 _MEMORY_HISTORY_COLS = ("tenant_id, user_id, memory_id, at_ms, action, reason, type, content, subject, "
                         "source_message_ids, confidence, authority, expires_at_ms, status, superseded_by")
 
-_MESSAGE_STATS = ("(SELECT count(*) FROM messages m WHERE m.tenant_id = s.tenant_id AND m.user_id = s.user_id "
-                  "AND m.session_id = s.session_id), (SELECT coalesce(max(created_at_ms), 0) FROM messages m "
-                  "WHERE m.tenant_id = s.tenant_id AND m.user_id = s.user_id AND m.session_id = s.session_id)")
 
 _SET_SCOPE = "SELECT set_config('sidecar.tenant_id', %s, true), set_config('sidecar.user_id', %s, true)"
 _SET_SYSTEM = "SELECT set_config('sidecar.system', 'on', true)"
@@ -231,17 +207,9 @@ class PostgresStore:
         return self._query(None, "SELECT coalesce(max(seq), 0) FROM change_log", system=True)[0][0]
 
     # ------------------------------------------------------------------ sessions
-    @staticmethod
-    def _session(row: tuple) -> Session:
-        return Session(
-            tenant_id=row[0], user_id=row[1], session_id=row[2], title=row[3], status=SessionStatus(row[4]),
-            created_at_ms=row[5], updated_at_ms=max(row[6], row[12]), closed_at_ms=row[7], parent_session_id=row[8],
-            task=row[9], metadata=json.loads(row[10]), message_count=row[11],
-        )
-
     def create_session(self, scope: Scope, session: Session) -> None:
         with self._tx(scope) as cur:
-            self._insert_many(cur, "sessions", _SESSION_COLS, [(
+            self._insert_many(cur, "sessions", records.SESSION_COLS, [(
                 scope.tenant_id, scope.user_id, session.session_id, session.title, int(session.status),
                 session.created_at_ms, session.updated_at_ms, session.closed_at_ms, session.parent_session_id,
                 session.task, json.dumps(session.metadata, sort_keys=True),
@@ -250,22 +218,22 @@ class PostgresStore:
     def get_session(self, scope: Scope, session_id: str) -> Session | None:
         rows = self._query(
             scope,
-            f"SELECT {_SESSION_COLS}, {_MESSAGE_STATS} FROM sessions s "
+            f"SELECT {records.SESSION_COLS}, {records.MESSAGE_STATS} FROM sessions s "
             "WHERE tenant_id = %s AND user_id = %s AND session_id = %s",
             [scope.tenant_id, scope.user_id, session_id],
         )
-        return self._session(rows[0]) if rows else None
+        return records.session_from(rows[0]) if rows else None
 
     def list_sessions(self, scope: Scope, *, limit: int, offset: int, include_closed: bool) -> list[Session]:
         status_filter = "" if include_closed else f"AND status = {int(SessionStatus.OPEN)}"
         rows = self._query(
             scope,
-            f"SELECT {_SESSION_COLS}, {_MESSAGE_STATS} FROM sessions s "
+            f"SELECT {records.SESSION_COLS}, {records.MESSAGE_STATS} FROM sessions s "
             f"WHERE tenant_id = %s AND user_id = %s {status_filter} "
             "ORDER BY created_at_ms DESC, session_id DESC LIMIT %s OFFSET %s",
             [scope.tenant_id, scope.user_id, limit, offset],
         )
-        return [self._session(r) for r in rows]
+        return [records.session_from(r) for r in rows]
 
     def close_session(self, scope: Scope, session_id: str, at_ms: int) -> None:
         with self._tx(scope) as cur:
@@ -278,14 +246,6 @@ class PostgresStore:
                 self._log_changes(cur, scope, "session", [session_id])
 
     # ------------------------------------------------------------------ messages
-    @staticmethod
-    def _message(r: tuple) -> Message:
-        return Message(
-            session_id=r[2], seq=r[3], message_id=r[4], role=Role(r[5]), text=r[6], tool_name=r[7],
-            tool_call_id=r[8], timestamp_ms=r[9], created_at_ms=r[10], tokens=r[11], line_tokens=r[12],
-            idempotency_key=r[13], speaker=r[14],
-        )
-
     def append_messages(
         self, scope: Scope, session_id: str, messages: Sequence[NewMessage], token_counts: Sequence[tuple[int, int]],
         now_ms: int, pinned: Sequence[tuple[int, str, int]] = (),
@@ -301,10 +261,10 @@ class PostgresStore:
             key_params = [m.idempotency_key for m in messages if m.idempotency_key]
             existing: dict[str, Message] = {}
             if key_params:
-                cur.execute(f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant_id = %s AND user_id = %s "
+                cur.execute(f"SELECT {records.MESSAGE_COLS} FROM messages WHERE tenant_id = %s AND user_id = %s "
                             "AND session_id = %s AND idempotency_key = ANY(%s)", [*owner, key_params])
                 for r in cur.fetchall():
-                    existing[r[13]] = self._message(r)
+                    existing[r[13]] = records.message_from(r)
             cur.execute("SELECT coalesce(max(seq), 0) + 1 FROM messages WHERE tenant_id = %s AND user_id = %s "
                         "AND session_id = %s", owner)
             next_seq = cur.fetchone()[0]
@@ -329,7 +289,7 @@ class PostgresStore:
                 rows.append((scope.tenant_id, scope.user_id, session_id, msg.seq, msg.message_id, int(msg.role),
                              msg.text, msg.tool_name, msg.tool_call_id, msg.timestamp_ms, msg.created_at_ms,
                              msg.tokens, msg.line_tokens, msg.idempotency_key, msg.speaker))
-            self._insert_many(cur, "messages", _MESSAGE_COLS, rows)
+            self._insert_many(cur, "messages", records.MESSAGE_COLS, rows)
             # Pinned constraints are written with their message: a committed prohibition is never lost.
             self._insert_many(cur, "pinned_constraints", "tenant_id, user_id, session_id, message_id, idx, text, "
                               "tokens, created_at_ms",
@@ -342,7 +302,7 @@ class PostgresStore:
     def list_messages(
         self, scope: Scope, session_id: str, *, newest: int = 0, from_seq: int = 0, to_seq: int = 0
     ) -> list[Message]:
-        base = f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant_id = %s AND user_id = %s AND session_id = %s"
+        base = f"SELECT {records.MESSAGE_COLS} FROM messages WHERE tenant_id = %s AND user_id = %s AND session_id = %s"
         params: list[Any] = [scope.tenant_id, scope.user_id, session_id]
         if newest > 0:
             rows = self._query(scope, base + " ORDER BY seq DESC LIMIT %s", [*params, newest])
@@ -354,39 +314,34 @@ class PostgresStore:
                 query += " AND seq <= %s"
                 params.append(to_seq)
             rows = self._query(scope, query + " ORDER BY seq", params)
-        return [self._message(r) for r in rows]
+        return [records.message_from(r) for r in rows]
 
     def get_messages(self, scope: Scope, session_id: str, message_ids: Sequence[str]) -> list[Message]:
         if not message_ids:
             return []
-        rows = self._query(scope, f"SELECT {_MESSAGE_COLS} FROM messages WHERE tenant_id = %s AND user_id = %s AND "
+        rows = self._query(scope, f"SELECT {records.MESSAGE_COLS} FROM messages WHERE tenant_id = %s AND user_id = %s AND "
                            "session_id = %s AND message_id = ANY(%s) ORDER BY seq",
                            [scope.tenant_id, scope.user_id, session_id, list(message_ids)])
-        return [self._message(r) for r in rows]
+        return [records.message_from(r) for r in rows]
 
     def list_user_messages(self, scope: Scope, roles: Sequence[int]) -> list[Message]:
         """Every message of the user with one of `roles`, sessions in creation order, turns in order."""
-        cols = ", ".join(f"m.{c.strip()}" for c in _MESSAGE_COLS.split(","))
+        cols = ", ".join(f"m.{c.strip()}" for c in records.MESSAGE_COLS.split(","))
         rows = self._query(scope, f"SELECT {cols} FROM messages m JOIN sessions s ON s.tenant_id = m.tenant_id AND "
                            "s.user_id = m.user_id AND s.session_id = m.session_id WHERE m.tenant_id = %s AND "
                            "m.user_id = %s AND m.role = ANY(%s) ORDER BY s.created_at_ms, m.session_id, m.seq",
                            [scope.tenant_id, scope.user_id, [int(r) for r in roles]])
-        return [self._message(r) for r in rows]
+        return [records.message_from(r) for r in rows]
 
     # ------------------------------------------------------------------ facts
-    @staticmethod
-    def _fact(r: Sequence[Any]) -> Fact:
-        return Fact(key=r[0], value=r[1], provenance=Provenance(r[2]), source=r[3], updated_at_ms=r[4],
-                    status=FactStatus(r[5]), version=r[6], tokens=r[7])
-
     def get_facts(self, scope: Scope, session_id: str) -> list[Fact]:
         rows = self._query(
             scope,
-            f"SELECT {_FACT_COLS} FROM facts WHERE tenant_id = %s AND user_id = %s AND session_id = %s "
+            f"SELECT {records.FACT_COLS} FROM facts WHERE tenant_id = %s AND user_id = %s AND session_id = %s "
             "ORDER BY key, status",
             [scope.tenant_id, scope.user_id, session_id],
         )
-        return [self._fact(r) for r in rows]
+        return [records.fact_from(r) for r in rows]
 
     def write_facts(
         self, scope: Scope, session_id: str, upserts: Sequence[Fact], deletes: Sequence[tuple[str, int]],
@@ -402,7 +357,7 @@ class PostgresStore:
                     "AND f.status = d.status",
                     [[k for k, _ in deletes], [int(s) for _, s in deletes], *owner])
             self._insert_many(
-                cur, "facts", "tenant_id, user_id, session_id, " + _FACT_COLS,
+                cur, "facts", "tenant_id, user_id, session_id, " + records.FACT_COLS,
                 [(*owner, f.key, f.value, int(f.provenance), f.source, f.updated_at_ms, int(f.status), f.version,
                   f.tokens) for f in upserts],
                 suffix=" ON CONFLICT (tenant_id, user_id, session_id, key, status) DO UPDATE SET "
@@ -426,29 +381,24 @@ class PostgresStore:
             "WHERE tenant_id = %s AND user_id = %s AND session_id = %s AND key = %s ORDER BY version, at_ms",
             [scope.tenant_id, scope.user_id, session_id, key],
         )
-        return [FactChange(fact=self._fact(r[:8]), action=r[8], reason=r[9]) for r in rows]
+        return [FactChange(fact=records.fact_from(r[:8]), action=r[8], reason=r[9]) for r in rows]
 
     # ------------------------------------------------------------------ runs
-    @staticmethod
-    def _run(r: tuple, checkpoints: int) -> Run:
-        return Run(run_id=r[0], session_id=r[1], status=RunStatus(r[2]), goal=r[3], reason=r[4],
-                   created_at_ms=r[5], updated_at_ms=r[6], checkpoint_count=checkpoints)
-
     def create_run(self, scope: Scope, run: Run) -> None:
         with self._tx(scope) as cur:
-            self._insert_many(cur, "runs", "tenant_id, user_id, " + _RUN_COLS, [(
+            self._insert_many(cur, "runs", "tenant_id, user_id, " + records.RUN_COLS, [(
                 scope.tenant_id, scope.user_id, run.run_id, run.session_id, int(run.status), run.goal, run.reason,
                 run.created_at_ms, run.updated_at_ms)])
 
     def get_run(self, scope: Scope, run_id: str) -> Run | None:
         rows = self._query(
             scope,
-            f"SELECT {_RUN_COLS}, (SELECT count(*) FROM run_checkpoints k WHERE k.tenant_id = r.tenant_id AND "
+            f"SELECT {records.RUN_COLS}, (SELECT count(*) FROM run_checkpoints k WHERE k.tenant_id = r.tenant_id AND "
             "k.user_id = r.user_id AND k.run_id = r.run_id) FROM runs r "
             "WHERE tenant_id = %s AND user_id = %s AND run_id = %s",
             [scope.tenant_id, scope.user_id, run_id],
         )
-        return self._run(rows[0], rows[0][-1]) if rows else None
+        return records.run_from(rows[0], rows[0][-1]) if rows else None
 
     def update_run(self, scope: Scope, run: Run) -> None:
         with self._tx(scope) as cur:
@@ -478,17 +428,6 @@ class PostgresStore:
                              created_at_ms=r[5])
 
     # ------------------------------------------------------------------ jobs
-    @staticmethod
-    def _job(r: tuple) -> Job:
-        return Job(job_id=r[0], tenant_id=r[1], user_id=r[2], kind=r[3], payload=json.loads(r[4]),
-                   status=JobStatus(r[5]), attempts=r[6], error=r[7], done_items=r[8], total_items=r[9],
-                   created_at_ms=r[10], updated_at_ms=r[11], result=json.loads(r[12]))
-
-    @staticmethod
-    def _job_row(j: Job) -> tuple:
-        return (j.job_id, j.tenant_id, j.user_id, j.kind, json.dumps(j.payload), int(j.status), j.attempts, j.error,
-                j.done_items, j.total_items, j.created_at_ms, j.updated_at_ms, json.dumps(j.result))
-
     def _insert_jobs(self, cur: psycopg.Cursor, jobs: Sequence[Job]) -> None:
         """Insert jobs under each job's own scope (RLS checks every row against the settings)."""
         by_owner: dict[tuple[str, str], list[Job]] = {}
@@ -496,7 +435,7 @@ class PostgresStore:
             by_owner.setdefault((j.tenant_id, j.user_id), []).append(j)
         for (tenant_id, user_id), group in by_owner.items():
             self._set_scope(cur, tenant_id, user_id)
-            self._insert_many(cur, "jobs", _JOB_COLS, [self._job_row(j) for j in group])
+            self._insert_many(cur, "jobs", records.JOB_COLS, [records.job_row(j) for j in group])
 
     def enqueue_jobs(self, jobs: Sequence[Job]) -> None:
         if not jobs:
@@ -505,18 +444,18 @@ class PostgresStore:
             self._insert_jobs(cur, jobs)
 
     def get_job(self, scope: Scope, job_id: str) -> Job | None:
-        rows = self._query(scope, f"SELECT {_JOB_COLS} FROM jobs WHERE tenant_id = %s AND user_id = %s "
+        rows = self._query(scope, f"SELECT {records.JOB_COLS} FROM jobs WHERE tenant_id = %s AND user_id = %s "
                            "AND job_id = %s", [scope.tenant_id, scope.user_id, job_id])
-        return self._job(rows[0]) if rows else None
+        return records.job_from(rows[0]) if rows else None
 
     def unfinished_jobs(self, scope: Scope) -> list[Job]:
         rows = self._query(
             scope,
-            f"SELECT {_JOB_COLS} FROM jobs WHERE tenant_id = %s AND user_id = %s AND status IN (%s, %s) "
+            f"SELECT {records.JOB_COLS} FROM jobs WHERE tenant_id = %s AND user_id = %s AND status IN (%s, %s) "
             "ORDER BY created_at_ms",
             [scope.tenant_id, scope.user_id, int(JobStatus.QUEUED), int(JobStatus.RUNNING)],
         )
-        return [self._job(r) for r in rows]
+        return [records.job_from(r) for r in rows]
 
     def claim_job(self, now_ms: int, kinds: Sequence[str] | None = None) -> Job | None:
         """Take the oldest queued job of any user, of one of `kinds` when given (system transaction).
@@ -527,10 +466,10 @@ class PostgresStore:
             cur.execute(
                 f"UPDATE jobs SET status = %s, attempts = attempts + 1, updated_at_ms = %s WHERE job_id = ("
                 f"SELECT job_id FROM jobs WHERE status = %s{kind_filter} ORDER BY created_at_ms, job_id LIMIT 1 "
-                f"FOR UPDATE SKIP LOCKED) RETURNING {_JOB_COLS}",
+                f"FOR UPDATE SKIP LOCKED) RETURNING {records.JOB_COLS}",
                 [int(JobStatus.RUNNING), now_ms, int(JobStatus.QUEUED), *([list(kinds)] if kinds else [])])
             row = cur.fetchone()
-            return self._job(row) if row else None
+            return records.job_from(row) if row else None
 
     def finish_job(self, job: Job) -> None:
         with self._tx(system=True) as cur:
@@ -555,18 +494,11 @@ class PostgresStore:
             return cur.fetchone()[0]
 
     # ------------------------------------------------------------------ long-term memory
-    @staticmethod
-    def _memory(r: Sequence[Any]) -> Memory:
-        return Memory(memory_id=r[0], type=MemoryType(r[1]), content=r[2], subject=r[3],
-                      source_message_ids=json.loads(r[4]), confidence=r[5], authority=Authority(r[6]),
-                      created_at_ms=r[7], updated_at_ms=r[8], expires_at_ms=r[9], status=MemoryStatus(r[10]),
-                      superseded_by=r[11], tokens=r[12])
-
     def put_memories(self, scope: Scope, rows: Sequence[tuple[Memory, bytes]], changes: Sequence[MemoryChange]) -> None:
         """Insert or replace memory rows and append their history, in one transaction."""
         with self._tx(scope) as cur:
             self._insert_many(
-                cur, "memories", "tenant_id, user_id, " + _MEMORY_COLS + ", embedding",
+                cur, "memories", "tenant_id, user_id, " + records.MEMORY_COLS + ", embedding",
                 [(scope.tenant_id, scope.user_id, m.memory_id, int(m.type), m.content, m.subject,
                   json.dumps(m.source_message_ids), m.confidence, int(m.authority), m.created_at_ms, m.updated_at_ms,
                   m.expires_at_ms, int(m.status), m.superseded_by, m.tokens, bytes(emb)) for m, emb in rows],
@@ -591,13 +523,13 @@ class PostgresStore:
             for ch in changes])
 
     def get_memory(self, scope: Scope, memory_id: str) -> Memory | None:
-        rows = self._query(scope, f"SELECT {_MEMORY_COLS} FROM memories WHERE tenant_id = %s AND user_id = %s "
+        rows = self._query(scope, f"SELECT {records.MEMORY_COLS} FROM memories WHERE tenant_id = %s AND user_id = %s "
                            "AND memory_id = %s", [scope.tenant_id, scope.user_id, memory_id])
-        return self._memory(rows[0]) if rows else None
+        return records.memory_from(rows[0]) if rows else None
 
     def list_memories(self, scope: Scope, *, limit: int, offset: int, types: Sequence[int], include_inactive: bool,
                       now_ms: int) -> list[Memory]:
-        query = f"SELECT {_MEMORY_COLS} FROM memories WHERE tenant_id = %s AND user_id = %s"
+        query = f"SELECT {records.MEMORY_COLS} FROM memories WHERE tenant_id = %s AND user_id = %s"
         params: list[Any] = [scope.tenant_id, scope.user_id]
         if types:
             query += " AND type = ANY(%s::smallint[])"
@@ -607,13 +539,13 @@ class PostgresStore:
             params += [int(MemoryStatus.ACTIVE), now_ms]
         rows = self._query(scope, query + " ORDER BY updated_at_ms DESC, memory_id LIMIT %s OFFSET %s",
                            [*params, limit, offset])
-        return [self._memory(r) for r in rows]
+        return [records.memory_from(r) for r in rows]
 
     def active_memories_with_embeddings(self, scope: Scope) -> list[tuple[Memory, bytes]]:
-        rows = self._query(scope, f"SELECT {_MEMORY_COLS}, embedding FROM memories WHERE tenant_id = %s "
+        rows = self._query(scope, f"SELECT {records.MEMORY_COLS}, embedding FROM memories WHERE tenant_id = %s "
                            "AND user_id = %s AND status = %s ORDER BY created_at_ms, memory_id",
                            [scope.tenant_id, scope.user_id, int(MemoryStatus.ACTIVE)])
-        return [(self._memory(r), bytes(r[-1])) for r in rows]
+        return [(records.memory_from(r), bytes(r[-1])) for r in rows]
 
     def memory_history(self, scope: Scope, memory_id: str) -> list[MemoryChange]:
         rows = self._query(
@@ -622,7 +554,7 @@ class PostgresStore:
             "expires_at_ms, status, superseded_by, 0, action, reason, at_ms FROM memory_history "
             "WHERE tenant_id = %s AND user_id = %s AND memory_id = %s ORDER BY seq",
             [scope.tenant_id, scope.user_id, memory_id])
-        return [MemoryChange(memory=self._memory(r[:13]), action=r[13], reason=r[14], at_ms=r[15]) for r in rows]
+        return [MemoryChange(memory=records.memory_from(r[:13]), action=r[13], reason=r[14], at_ms=r[15]) for r in rows]
 
     def delete_memory(self, scope: Scope, memory_id: str, tombstone: MemoryChange) -> None:
         """Deletion really deletes: the row and every earlier version; a contentless tombstone stays."""
@@ -675,37 +607,25 @@ class PostgresStore:
                            [scope.tenant_id, scope.user_id, session_id])
         return [PinnedConstraint(*r) for r in rows]
 
-    @staticmethod
-    def _tool(r: Sequence[Any]) -> ToolResult:
-        return ToolResult(tool_result_id=r[0], session_id=r[1], run_id=r[2], tool_name=r[3], call_id=r[4],
-                          status=ToolStatus(r[5]), tokens=r[6], lines=r[7], view_text=r[8], view_tokens=r[9],
-                          brief_text=r[10], brief_tokens=r[11], created_at_ms=r[12],
-                          full_text=r[13] if len(r) > 13 else "")
-
     def insert_tool_result(self, scope: Scope, result: ToolResult) -> None:
         with self._tx(scope) as cur:
-            self._insert_many(cur, "tool_results", "tenant_id, user_id, " + _TOOL_COLS + ", full_text", [(
+            self._insert_many(cur, "tool_results", "tenant_id, user_id, " + records.TOOL_COLS + ", full_text", [(
                 scope.tenant_id, scope.user_id, result.tool_result_id, result.session_id, result.run_id,
                 result.tool_name, result.call_id, int(result.status), result.tokens, result.lines, result.view_text,
                 result.view_tokens, result.brief_text, result.brief_tokens, result.created_at_ms, result.full_text)])
             self._log_changes(cur, scope, "tool_result", [result.session_id])
 
     def get_tool_result(self, scope: Scope, tool_result_id: str) -> ToolResult | None:
-        rows = self._query(scope, f"SELECT {_TOOL_COLS}, full_text FROM tool_results WHERE tenant_id = %s AND "
+        rows = self._query(scope, f"SELECT {records.TOOL_COLS}, full_text FROM tool_results WHERE tenant_id = %s AND "
                            "user_id = %s AND tool_result_id = %s", [scope.tenant_id, scope.user_id, tool_result_id])
-        return self._tool(rows[0]) if rows else None
+        return records.tool_from(rows[0]) if rows else None
 
     def recent_tool_results(self, scope: Scope, session_id: str, limit: int) -> list[ToolResult]:
         """Newest last, without the full text."""
-        rows = self._query(scope, f"SELECT {_TOOL_COLS} FROM tool_results WHERE tenant_id = %s AND user_id = %s AND "
+        rows = self._query(scope, f"SELECT {records.TOOL_COLS} FROM tool_results WHERE tenant_id = %s AND user_id = %s AND "
                            "session_id = %s ORDER BY created_at_ms DESC, tool_result_id DESC LIMIT %s",
                            [scope.tenant_id, scope.user_id, session_id, limit])
-        return [self._tool(r) for r in reversed(rows)]
-
-    @staticmethod
-    def _note(r: Sequence[Any]) -> RunNote:
-        return RunNote(note_id=r[0], session_id=r[1], run_id=r[2], seq=r[3], text=r[4], tokens=r[5],
-                       is_summary=bool(r[6]), folded_note_ids=json.loads(r[7]), created_at_ms=r[8])
+        return [records.tool_from(r) for r in reversed(rows)]
 
     def write_run_notes(self, scope: Scope, add: Sequence[RunNote], delete_ids: Sequence[str] = ()) -> None:
         """Add notes and delete folded ones in one transaction."""
@@ -715,16 +635,16 @@ class PostgresStore:
                 cur.execute("DELETE FROM run_notes WHERE tenant_id = %s AND user_id = %s AND note_id = ANY(%s) "
                             "RETURNING session_id", [scope.tenant_id, scope.user_id, list(delete_ids)])
                 sessions.update(dict.fromkeys(r[0] for r in cur.fetchall()))
-            self._insert_many(cur, "run_notes", "tenant_id, user_id, " + _NOTE_COLS, [
+            self._insert_many(cur, "run_notes", "tenant_id, user_id, " + records.NOTE_COLS, [
                 (scope.tenant_id, scope.user_id, n.note_id, n.session_id, n.run_id, n.seq, n.text, n.tokens,
                  n.is_summary, json.dumps(n.folded_note_ids), n.created_at_ms) for n in add])
             sessions.update(dict.fromkeys(n.session_id for n in add))
             self._log_changes(cur, scope, "run_notes", list(sessions))
 
     def list_run_notes(self, scope: Scope, session_id: str) -> list[RunNote]:
-        rows = self._query(scope, f"SELECT {_NOTE_COLS} FROM run_notes WHERE tenant_id = %s AND user_id = %s AND "
+        rows = self._query(scope, f"SELECT {records.NOTE_COLS} FROM run_notes WHERE tenant_id = %s AND user_id = %s AND "
                            "session_id = %s ORDER BY run_id, seq", [scope.tenant_id, scope.user_id, session_id])
-        return [self._note(r) for r in rows]
+        return [records.note_from(r) for r in rows]
 
     def put_summary(self, scope: Scope, s: SessionSummary) -> None:
         with self._tx(scope) as cur:
@@ -774,12 +694,6 @@ class PostgresStore:
     def _tenant(tenant_id: str) -> Scope:
         return Scope(tenant_id, "")
 
-    @staticmethod
-    def _doc(r: Sequence[Any]) -> DocumentVersion:
-        return DocumentVersion(doc_id=r[0], version=r[1], title=r[2], format=r[3], allowed_roles=json.loads(r[4]),
-                               metadata=json.loads(r[5]), chunk_count=r[6], live=bool(r[7]), indexed=bool(r[8]),
-                               created_at_ms=r[9])
-
     def add_document_version(self, tenant_id: str, doc: DocumentVersion, chunks: Sequence[KnowledgeChunk],
                              job: Job) -> int:
         """Store the next version of a document with its chunks and its indexing job, atomically.
@@ -794,7 +708,7 @@ class PostgresStore:
             if doc.live:
                 cur.execute("UPDATE kb_documents SET live = false WHERE tenant_id = %s AND doc_id = %s AND live",
                             [tenant_id, doc.doc_id])
-            self._insert_many(cur, "kb_documents", "tenant_id, " + _DOC_COLS, [(
+            self._insert_many(cur, "kb_documents", "tenant_id, " + records.DOC_COLS, [(
                 tenant_id, doc.doc_id, version, doc.title, doc.format, json.dumps(sorted(doc.allowed_roles)),
                 json.dumps(doc.metadata, sort_keys=True), len(chunks), doc.live, False, doc.created_at_ms)])
             self._insert_many(cur, "kb_chunks", "tenant_id, doc_id, version, chunk_index, heading, text, tokens",
@@ -807,14 +721,14 @@ class PostgresStore:
 
     def document_versions(self, tenant_id: str, doc_id: str | None = None, *, live_only: bool = False
                           ) -> list[DocumentVersion]:
-        query = f"SELECT {_DOC_COLS} FROM kb_documents WHERE tenant_id = %s"
+        query = f"SELECT {records.DOC_COLS} FROM kb_documents WHERE tenant_id = %s"
         params: list[Any] = [tenant_id]
         if doc_id is not None:
             query += " AND doc_id = %s"
             params.append(doc_id)
         if live_only:
             query += " AND live"
-        return [self._doc(r) for r in self._query(self._tenant(tenant_id), query + " ORDER BY doc_id, version",
+        return [records.doc_from(r) for r in self._query(self._tenant(tenant_id), query + " ORDER BY doc_id, version",
                                                   params)]
 
     def set_live_version(self, tenant_id: str, doc_id: str, version: int) -> None:

@@ -1,0 +1,117 @@
+"""Row layouts and row <-> domain conversions shared by the DuckDB and PostgreSQL backends (the two
+schemas have the same tables and columns)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sidecar.domain import (
+    Authority,
+    DocumentVersion,
+    Fact,
+    FactStatus,
+    Job,
+    JobStatus,
+    Memory,
+    MemoryStatus,
+    MemoryType,
+    Message,
+    Provenance,
+    Role,
+    Run,
+    RunNote,
+    RunStatus,
+    Session,
+    SessionStatus,
+    ToolResult,
+    ToolStatus,
+)
+
+SESSION_COLS = ("tenant_id, user_id, session_id, title, status, created_at_ms, updated_at_ms, closed_at_ms, "
+                 "parent_session_id, task, metadata")
+MESSAGE_COLS = ("tenant_id, user_id, session_id, seq, message_id, role, text, tool_name, tool_call_id, "
+                 "timestamp_ms, created_at_ms, tokens, line_tokens, idempotency_key, speaker")
+FACT_COLS = "key, value, provenance, source, updated_at_ms, status, version, tokens"
+RUN_COLS = "run_id, session_id, status, goal, reason, created_at_ms, updated_at_ms"
+MEMORY_COLS = ("memory_id, type, content, subject, source_message_ids, confidence, authority, created_at_ms, "
+                "updated_at_ms, expires_at_ms, status, superseded_by, tokens")
+# Every table that holds a user's data; ForgetUser empties each of them for that user.
+USER_TABLES = ("sessions", "messages", "facts", "fact_history", "runs", "run_checkpoints", "jobs", "memories",
+               "memory_history", "turn_commits", "tool_results", "run_notes", "session_summaries",
+               "pinned_constraints", "subsession_results")
+TOOL_COLS = ("tool_result_id, session_id, run_id, tool_name, call_id, status, tokens, lines, view_text, view_tokens, "
+              "brief_text, brief_tokens, created_at_ms")
+DOC_COLS = ("doc_id, version, title, format, allowed_roles, metadata, chunk_count, live, indexed, "
+             "created_at_ms")
+NOTE_COLS = "note_id, session_id, run_id, seq, text, tokens, is_summary, folded_note_ids, created_at_ms"
+JOB_COLS = ("job_id, tenant_id, user_id, kind, payload, status, attempts, error, done_items, total_items, "
+             "created_at_ms, updated_at_ms, result")
+
+# Message count and last message time of a session, so appends need not update the session row.
+MESSAGE_STATS = ("(SELECT count(*) FROM messages m WHERE m.tenant_id = s.tenant_id AND m.user_id = s.user_id "
+                  "AND m.session_id = s.session_id), (SELECT coalesce(max(created_at_ms), 0) FROM messages m "
+                  "WHERE m.tenant_id = s.tenant_id AND m.user_id = s.user_id AND m.session_id = s.session_id)")
+
+
+def session_from(row: tuple) -> Session:
+    return Session(
+        tenant_id=row[0], user_id=row[1], session_id=row[2], title=row[3], status=SessionStatus(row[4]),
+        created_at_ms=row[5], updated_at_ms=max(row[6], row[12]), closed_at_ms=row[7], parent_session_id=row[8],
+        task=row[9], metadata=json.loads(row[10]), message_count=row[11],
+    )
+
+
+def message_from(r: tuple) -> Message:
+    return Message(
+        session_id=r[2], seq=r[3], message_id=r[4], role=Role(r[5]), text=r[6], tool_name=r[7],
+        tool_call_id=r[8], timestamp_ms=r[9], created_at_ms=r[10], tokens=r[11], line_tokens=r[12],
+        idempotency_key=r[13], speaker=r[14],
+    )
+
+
+def fact_from(r: Sequence[Any]) -> Fact:
+    return Fact(key=r[0], value=r[1], provenance=Provenance(r[2]), source=r[3], updated_at_ms=r[4],
+                status=FactStatus(r[5]), version=r[6], tokens=r[7])
+
+
+def run_from(r: tuple, checkpoints: int) -> Run:
+    return Run(run_id=r[0], session_id=r[1], status=RunStatus(r[2]), goal=r[3], reason=r[4],
+               created_at_ms=r[5], updated_at_ms=r[6], checkpoint_count=checkpoints)
+
+
+def job_from(r: tuple) -> Job:
+    return Job(job_id=r[0], tenant_id=r[1], user_id=r[2], kind=r[3], payload=json.loads(r[4]),
+               status=JobStatus(r[5]), attempts=r[6], error=r[7], done_items=r[8], total_items=r[9],
+               created_at_ms=r[10], updated_at_ms=r[11], result=json.loads(r[12]))
+
+
+def job_row(j: Job) -> tuple:
+    return (j.job_id, j.tenant_id, j.user_id, j.kind, json.dumps(j.payload), int(j.status), j.attempts, j.error,
+            j.done_items, j.total_items, j.created_at_ms, j.updated_at_ms, json.dumps(j.result))
+
+
+def memory_from(r: Sequence[Any]) -> Memory:
+    return Memory(memory_id=r[0], type=MemoryType(r[1]), content=r[2], subject=r[3],
+                  source_message_ids=json.loads(r[4]), confidence=r[5], authority=Authority(r[6]),
+                  created_at_ms=r[7], updated_at_ms=r[8], expires_at_ms=r[9], status=MemoryStatus(r[10]),
+                  superseded_by=r[11], tokens=r[12])
+
+
+def tool_from(r: Sequence[Any]) -> ToolResult:
+    return ToolResult(tool_result_id=r[0], session_id=r[1], run_id=r[2], tool_name=r[3], call_id=r[4],
+                      status=ToolStatus(r[5]), tokens=r[6], lines=r[7], view_text=r[8], view_tokens=r[9],
+                      brief_text=r[10], brief_tokens=r[11], created_at_ms=r[12],
+                      full_text=r[13] if len(r) > 13 else "")
+
+
+def note_from(r: Sequence[Any]) -> RunNote:
+    return RunNote(note_id=r[0], session_id=r[1], run_id=r[2], seq=r[3], text=r[4], tokens=r[5],
+                   is_summary=bool(r[6]), folded_note_ids=json.loads(r[7]), created_at_ms=r[8])
+
+
+def doc_from(r: Sequence[Any]) -> DocumentVersion:
+    return DocumentVersion(doc_id=r[0], version=r[1], title=r[2], format=r[3], allowed_roles=json.loads(r[4]),
+                           metadata=json.loads(r[5]), chunk_count=r[6], live=bool(r[7]), indexed=bool(r[8]),
+                           created_at_ms=r[9])
