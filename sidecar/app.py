@@ -43,6 +43,7 @@ class Settings:
     compression: CompressionSettings = CompressionSettings()
     knowledge_threshold: float = 0.2
     feed_poll_ms: int = 500
+    index_save_every_s: float = 30.0
 
 
 def default_extractor() -> Extractor:
@@ -90,6 +91,7 @@ class Sidecar:
         requeue_interrupted(self.store)
         self.worker.start()
         self.kb_worker.start()
+        self.knowledge.start_saver(settings.index_save_every_s)
         threading.Thread(target=self.knowledge.warm_up, name="kb-warm-up", daemon=True).start()
         self.feed = self._follow_other_replicas()
 
@@ -136,5 +138,6 @@ class Sidecar:
             self.feed.close()
         self.worker.stop()
         self.kb_worker.stop()
+        self.knowledge.stop_saver()
         self.knowledge.save()
         self.store.close()

@@ -27,7 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     migrate = sub.add_parser("migrate", help="apply the versioned schema to a store and print its version")
     migrate.add_argument("--db", default="./data/sidecar.duckdb")
     migrate.add_argument("--store", default=os.environ.get("SIDECAR_STORE"))
-    args = parser.parse_args(argv)
+    sub.add_parser("demo", help="run the OpsPilot demo against a running sidecar (demo --help)", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "demo":
+        from sidecar.demo import main as demo_main
+
+        return demo_main(rest)
+    if rest:
+        parser.error("unrecognized arguments: " + " ".join(rest))
 
     logging.basicConfig(level=getattr(args, "log_level", "INFO").upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if args.command == "migrate":

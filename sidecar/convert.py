@@ -103,11 +103,11 @@ def build_request(request):
 # Building a ContextItem from keyword arguments costs ~2 us; copying a prepared one ~0.6 us. Items
 # are immutable per (source, text), so each thread keeps prepared ones (per thread: the score is set
 # on the template just before it is copied into the response).
-_ITEM_TEMPLATE_LIMIT = 50_000
+_ITEM_TEMPLATE_LIMIT = 50_000  # keyed by every field but the score, so a template is never stale
 _local = threading.local()
 
 
-def _item_templates() -> dict[tuple[str, str], pb.ContextItem]:
+def _item_templates() -> dict[tuple, pb.ContextItem]:
     cache = getattr(_local, "items", None)
     if cache is None:
         cache = _local.items = {}
@@ -130,7 +130,7 @@ def build_response(result, render_mode: int) -> pb.BuildContextResponse:
         section = resp.sections.add(kind=int(kind), tokens=sum(it.tokens for it in items))
         out = []
         for it in items:
-            key = (it.source, it.text)
+            key = (it.source, it.text, it.tokens, it.role, it.timestamp_ms)
             msg = templates.get(key)
             if msg is None:
                 msg = pb.ContextItem(source=it.source, category=it.category, tokens=it.tokens, text=it.text,

@@ -182,7 +182,7 @@ class HybridIndex:
             dense_of = self._vectors[:n_rows] @ vector
             dense_rows = None
         else:
-            want = min(k * 4, len(self._row_of))
+            want = min(k * 2, len(self._row_of))
             self._hnsw.set_ef(max(self._ef, want))
             labels, _ = self._hnsw.knn_query(vector, k=want, num_threads=1)
             dense_rows = labels[0].astype(np.int64)
@@ -193,7 +193,7 @@ class HybridIndex:
             top = _top_k(fused, k)
             return [Hit(self._keys[r], float(fused[r]), float(dense_of[r]), float(lexical[r])) for r in top
                     if np.isfinite(fused[r])]
-        lex_rows = _top_k(np.where(alive, lexical, -np.inf), k * 4)
+        lex_rows = _top_k(np.where(alive, lexical, -np.inf), k * 2)
         lex_rows = lex_rows[lexical[lex_rows] > 0]
         rows = np.unique(np.concatenate([dense_rows, lex_rows])) if len(dense_rows) else lex_rows
         rows = rows[alive[rows]]

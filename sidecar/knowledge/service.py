@@ -49,6 +49,8 @@ class KnowledgeService:
         self._tenants: dict[str, TenantKnowledge] = {}
         self._graphs: dict[str, EdgeIndex] = {}
         self._lock = threading.RLock()
+        self._dirty: set[str] = set()  # tenants whose index changed since it was last saved
+        self._closing = threading.Event()
 
     # ------------------------------------------------------------------ index state
     def _index_path(self, tenant_id: str) -> Path | None:
@@ -75,7 +77,8 @@ class KnowledgeService:
         wanted = {c.key for c in rows}
         stale = [k for k in list(tk.entries) if k not in wanted]
         tk.remove(stale)
-        missing = [c for c in rows if c.key not in tk.entries]
+        # A version ingested between the two reads has no document row here yet: its own job adds it.
+        missing = [c for c in rows if c.key not in tk.entries and (c.doc_id, c.version) in docs]
         self._add_chunks(tk, [ChunkEntry(c, docs[(c.doc_id, c.version)].title,
                                          tuple(docs[(c.doc_id, c.version)].allowed_roles)) for c in missing])
         if stale or missing:
@@ -89,10 +92,24 @@ class KnowledgeService:
             if progress:
                 progress(start + len(batch))
 
-    def save(self) -> None:
+    def save(self, only_dirty: bool = False) -> None:
+        """Persist the indexes. The rows are the truth: a file older than them is caught up at start-up,
+        so saving is batched (see save_every_s) rather than done after every document."""
         with self._lock:
-            for tenant_id in list(self._tenants):
-                self.save_tenant(tenant_id)
+            tenants = list(self._dirty) if only_dirty else list(self._tenants)
+            self._dirty.difference_update(tenants)
+        for tenant_id in tenants:
+            self.save_tenant(tenant_id)
+
+    def start_saver(self, every_s: float) -> None:
+        def loop() -> None:
+            while not self._closing.wait(every_s):
+                self.save(only_dirty=True)
+
+        threading.Thread(target=loop, name="kb-saver", daemon=True).start()
+
+    def stop_saver(self) -> None:
+        self._closing.set()
 
     def entry_count(self) -> float:
         with self._lock:
@@ -145,7 +162,7 @@ class KnowledgeService:
         if edges:
             self.upsert_edges(Scope(tenant_id, ""), edges)
         self.store.mark_indexed(tenant_id, doc_id, version)
-        self.save_tenant(tenant_id)
+        self._dirty.add(tenant_id)
         job.done_items = job.total_items = len(chunks)
         return {"chunks": str(len(chunks)), "edges": str(len(edges)), "live": str(doc.live).lower()}
 
@@ -194,7 +211,7 @@ class KnowledgeService:
         tk.remove([k for k, e in list(tk.entries.items()) if e.chunk.doc_id == doc_id])
         self._add_chunks(tk, [ChunkEntry(c, doc.title, tuple(doc.allowed_roles))
                               for c in self.store.chunks(scope.tenant_id, doc_id, version)])
-        self.save_tenant(scope.tenant_id)
+        self._dirty.add(scope.tenant_id)
         return next(d for d in self.store.document_versions(scope.tenant_id, doc_id) if d.version == version)
 
     def delete(self, scope: Scope, doc_id: str) -> tuple[int, int]:
@@ -204,7 +221,7 @@ class KnowledgeService:
         tk.remove([k for k, e in list(tk.entries.items()) if e.chunk.doc_id == doc_id])
         with self._lock:
             self._graphs.pop(scope.tenant_id, None)
-        self.save_tenant(scope.tenant_id)
+        self._dirty.add(scope.tenant_id)
         return versions, chunks
 
     # ------------------------------------------------------------------ retrieval

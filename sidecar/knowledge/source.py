@@ -29,7 +29,10 @@ DROP_CONFLICT_WITH_KNOWLEDGE = 7
 
 
 def chunk_prefix(title: str, heading: str) -> str:
-    return f"[{title} > {heading}]" if heading else f"[{title}]"
+    if not heading:
+        return f"[{title}]"
+    # A markdown document's first heading usually is its title: say it once.
+    return f"[{heading}]" if heading == title or heading.startswith(title + " > ") else f"[{title} > {heading}]"
 
 
 class KnowledgeSource:

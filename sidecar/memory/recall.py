@@ -32,6 +32,7 @@ class UserMemories:
     # successor id -> ids it superseded (so BuildContext can say why the old ones are absent)
     superseded: dict[str, list[str]] = field(default_factory=dict)
     _term_sets: dict[str, frozenset[str]] = field(default_factory=dict)
+    _prefs: list[Memory] | None = None  # cache of top_preferences, dropped on every change
 
     def term_set(self, memory_id: str) -> frozenset[str]:
         cached = self._term_sets.get(memory_id)
@@ -40,6 +41,7 @@ class UserMemories:
         return cached
 
     def add(self, memory: Memory, vector: np.ndarray) -> None:
+        self._prefs = None
         self.active[memory.memory_id] = memory
         if memory.subject:
             self.by_subject.setdefault((memory.type, memory.subject), set()).add(memory.memory_id)
@@ -48,11 +50,24 @@ class UserMemories:
     def remove(self, memory_id: str) -> bool:
         memory = self.active.pop(memory_id, None)
         self._term_sets.pop(memory_id, None)
+        self._prefs = None
         if memory is None:
             return False
         if memory.subject:
             self.by_subject.get((memory.type, memory.subject), set()).discard(memory_id)
         return self.index.remove(memory_id)
+
+    def refresh(self, memory: Memory) -> None:
+        """A changed row whose text and vector stay the same (a merge)."""
+        self.active[memory.memory_id] = memory
+        self._prefs = None
+
+    def top_preferences(self, n: int) -> list[Memory]:
+        """The n strongest, newest preferences, kept sorted on write (not scanned per call)."""
+        if self._prefs is None:
+            prefs = [m for m in self.active.values() if m.type == MemoryType.PREFERENCE]
+            self._prefs = sorted(prefs, key=lambda m: (-m.confidence, -m.updated_at_ms, m.memory_id))
+        return self._prefs[:n]
 
     def same_subject(self, type_: MemoryType, subject: str) -> list[Memory]:
         return [self.active[i] for i in sorted(self.by_subject.get((type_, subject), ())) if i in self.active]
@@ -62,7 +77,7 @@ class UserMemories:
                include_expired: bool = False) -> list[ScoredMemory]:
         wanted = set(types)
         # Over-fetch: type and expiry filters run after the index.
-        hits = self.index.search(vector, terms(query), k * 3 + 8)
+        hits = self.index.search(vector, terms(query), k * 2 + 4)
         out = []
         for h in hits:
             m = self.active.get(h.key)

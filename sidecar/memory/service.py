@@ -107,7 +107,7 @@ class MemoryService:
                     expires_at_ms=max(twin.expires_at_ms, inp.expires_at_ms) if twin.expires_at_ms else 0)
                 self.store.put_memories(scope, [(merged, self._blob(state, twin.memory_id))],
                                         [MemoryChange(merged, "merge", "near duplicate of a new statement", at)])
-                state.active[merged.memory_id] = merged
+                state.refresh(merged)
                 return WriteResult("merged", merged)
 
             older = state.same_subject(inp.type, subject) if subject else []

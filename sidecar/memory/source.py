@@ -13,6 +13,7 @@ from sidecar.memory.service import MemoryService, render_memory
 TOP_K = 24
 MIN_RELEVANCE = 0.12
 PREFERENCE_FLOOR = 0.3
+MAX_PREFERENCES = 8  # the user's strongest, newest preferences compete on every call
 DROP_EXPIRED, DROP_SUPERSEDED = 5, 6
 
 
@@ -35,7 +36,7 @@ class MemorySource:
                       else self.memories.embedder.embed([inp.query])[0] if inp.query else None)
             hits = {h.memory.memory_id: h for h in state.search(vector, inp.query, TOP_K, now_ms=inp.now_ms,
                                                                   include_expired=True)}
-            prefs = [m for m in state.active.values() if m.type == MemoryType.PREFERENCE]
+            prefs = state.top_preferences(MAX_PREFERENCES)
             superseded = dict(state.superseded)
         picked = []
         for h in hits.values():
