@@ -26,7 +26,7 @@ from harness import ROOT, ServerProcess, emit, percentiles
 from sidecar.api import context_service_pb2 as pb
 from sidecar.assembly.builder import SOFT_HEADER_RESERVE
 from sidecar.domain import Role
-from sidecar.memory.episodic import render_turn
+from sidecar.memory.episodic import DEFAULT_RANKING, date_label, day_number, render_turn
 from sidecar.tokens import count_tokens
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo" / "locomo10.json"
@@ -178,27 +178,44 @@ def budget_for(soft: int, query: str) -> pb.Budget:
                      flow_unused=True)
 
 
-def context_dia_ids(resp: pb.BuildContextResponse, by_message: dict[str, str]) -> set[str]:
-    found = set()
+def context_dia_ids(resp: pb.BuildContextResponse, by_message: dict[str, str],
+                    memory_share: dict[str, float] | None = None) -> set[str]:
+    """Evidence turns in the context. memory_share, when given, accumulates what extracted memories
+    (memory:<id>) took: their tokens, their count, and the turns found only through them."""
+    found, via_memory = set(), set()
     for section in resp.sections:
         for item in section.items:
             if item.source.startswith("message:"):
                 found.add(by_message.get(item.source[len("message:"):], ""))
-            found.update(by_message.get(m, "") for m in item.source_message_ids)
+                continue
+            ids = {by_message.get(m, "") for m in item.source_message_ids}
+            if item.source.startswith("memory:") and memory_share is not None:
+                memory_share["tokens"] += item.tokens
+                memory_share["items"] += 1
+                via_memory |= ids
+            found |= ids
     found.discard("")
+    if memory_share is not None:
+        memory_share["_via"] = via_memory - {""}  # type: ignore[assignment]
     return found
 
 
 def recency_ids(conv: Conversation, budget: int) -> set[str]:
-    """Newest turns first, as rendered by the sidecar, skipping a turn that does not fit."""
+    """Newest turns first, as rendered by the sidecar (with a day's date header the first time a turn
+    of that day is taken, when the sidecar packs dates that way), skipping a turn that does not fit."""
     turns = [t for n in sorted(conv.sessions) for t in conv.sessions[n]]
-    used, out = 0, set()
+    headers = DEFAULT_RANKING.date_headers
+    used, out, days = 0, set(), set()
     for t in reversed(turns):
         role = Role.USER if t.speaker == conv.speakers[0] else Role.ASSISTANT
-        cost = count_tokens(render_turn(t.speaker, role, t.text, t.timestamp_ms))
+        cost = count_tokens(render_turn(t.speaker, role, t.text, t.timestamp_ms, dated=not headers))
+        day = day_number(t.timestamp_ms)
+        if headers and day not in days:
+            cost += count_tokens(date_label(t.timestamp_ms))
         if used + cost <= budget:
             used += cost
             out.add(t.dia_id)
+            days.add(day)
     return out
 
 
@@ -229,6 +246,7 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
     by_cat = {c: Tally() for c in CATEGORIES}
     by_half = {"conv_1_5": Tally(), "conv_6_10": Tally()}
     latencies: dict[int, list[float]] = {b: [] for b in budgets}
+    mem = {b: {"tokens": 0.0, "items": 0.0, "evidence_only_via_memory": 0.0} for b in budgets}
     stages: dict[str, list[int]] = defaultdict(list)  # server-side microseconds per stage (debug calls, untimed)
     ingest_s = 0.0
     issues: dict[str, list[str]] = defaultdict(list)
@@ -252,7 +270,11 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
                 t = time.perf_counter()
                 resp = stub.BuildContext(req)
                 latencies[b].append(time.perf_counter() - t)
-                present = context_dia_ids(resp, by_message)
+                present = context_dia_ids(resp, by_message, mem[b])
+                via = mem[b].pop("_via")
+                direct = {by_message.get(it.source[len("message:"):], "") for s in resp.sections for it in s.items
+                          if it.source.startswith("message:")}
+                mem[b]["evidence_only_via_memory"] += sum(1 for e in q.evidence if e in via and e not in direct)
                 for tally in (ours, by_cat[q.category], half):
                     tally.add(b, q.evidence, present)
                 recency.add(b, q.evidence, recent[b])
@@ -279,6 +301,9 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
         "recall_conv_1_5": by_half["conv_1_5"].figures(budgets)[0].get(mid) if by_half["conv_1_5"].n else None,
         "recall_conv_6_10": by_half["conv_6_10"].figures(budgets)[0].get(mid) if by_half["conv_6_10"].n else None,
         "halves": {k: t.figures(budgets)[0] for k, t in by_half.items() if t.n},
+        # Per question: mean tokens and items of extracted memories, evidence turns found only through them.
+        "memories_per_question": {str(b): {k: round(v / max(ours.n, 1), 3) for k, v in mem[b].items()}
+                                  for b in budgets},
         "ingest_s": round(ingest_s, 2),
         "build_p50_ms": lat["p50_ms"], "build_p99_ms": lat["p99_ms"],
         "build_ms_by_budget": {str(b): percentiles(latencies[b]) for b in budgets if latencies[b]},
@@ -299,14 +324,11 @@ def make_app(db_path: str, profile: str = "default"):
 
         embedder = MiniLMEmbedder()
         app = Sidecar(db_path, Settings(embedder="minilm"), embedder=embedder)
-        source = EpisodicSource(app.store, embedder)
+        # app.py wires an EpisodicSource over the hashed embedding; this profile gives it the model.
+        source = next(s for s in app.builder.sources if isinstance(s, EpisodicSource))
+        source.embedder, source.dim = embedder, embedder.dim
     else:
-        app = Sidecar(db_path)
-        source = EpisodicSource(app.store)
-    # The three lines app.py will hold once the source is wired in:
-    app.builder.sources.append(source)
-    app.store.append_listeners.append(source.on_append)
-    app.memories._on_forget.append(source.forget)
+        app = Sidecar(db_path)  # app.py wires the episodic source (a second one here would double the work)
     return app
 
 
@@ -331,6 +353,10 @@ def write_results(figures: dict, profile: str, budgets: Sequence[int]) -> None:
               + ", ".join(f"{int(b) // 1000}k p50 {v['p50_ms']} / p99 {v['p99_ms']} ms"
                           for b, v in figures["build_ms_by_budget"].items()) + ".",
               f"Server-side stages at 4k, p50 µs: {figures['stage_us_p50']}.",
+              "Extracted memories per question (tokens, items, evidence turns found only through them): "
+              + ", ".join(f"{int(b) // 1000}k {v['tokens']:.0f} tok / {v['items']:.1f} items / "
+                          f"{v['evidence_only_via_memory']:.3f}" for b, v in figures["memories_per_question"].items())
+              + ".",
               f"Evidence ids repaired or unmatched: {figures['evidence_issues']}.", ""]
     (RESULTS / f"recall-{profile}.md").write_text("\n".join(lines))
     try:

@@ -85,10 +85,16 @@ def test_old_turn_is_recalled_in_a_new_session(running, user):
     episodic = [it for it in items if it.category == pb.CATEGORY_MEMORIES and it.source.startswith("message:")]
     assert f"message:{ids[0]}" in [it.source for it in episodic]
     hit = next(it for it in episodic if it.source == f"message:{ids[0]}")
-    assert hit.text == "[8 May 2023] Ann: I adopted a tortoise called Shelly last spring."
+    assert hit.text == "Ann: I adopted a tortoise called Shelly last spring."
     assert list(hit.source_message_ids) == [ids[0]]
     from sidecar.tokens import count_tokens
     assert hit.tokens == count_tokens(hit.text)
+    # The date is one header item per day, rendered just before that day's turns.
+    memories = [it for it in items if it.category == pb.CATEGORY_MEMORIES]
+    header = next(it for it in memories if it.source == "date:20230508")
+    assert header.text == "[8 May 2023]" and not header.source_message_ids
+    assert memories.index(header) < memories.index(hit)
+    assert sum(it.source.startswith("date:") for it in memories) == 1
 
 
 def test_users_are_isolated(running, user):
@@ -134,6 +140,49 @@ def test_index_is_rebuilt_from_rows(running, user):
     assert running.source.indexed(scope) == 0
     assert f"message:{ids[4]}" in [it.source for it in build(running.stub, user, sid, "night shift bakery")]
     assert running.source.indexed(scope) == len(OLD)
+
+
+def test_concepts_expand_category_words(running, user):
+    _, ids = session(running.stub, user, [("Ann", "We took the kids camping by the lake."),
+                                          ("Bob", "Nice! The weather was good?"),
+                                          ("Ann", "Perfect, and we grilled corn."),
+                                          ("Bob", "I just repaired my bike."),
+                                          ("Ann", "My boss gave me a raise at the office.")])
+    new_sid, _ = session(running.stub, user, [])
+    source = running.source
+    scope = Scope(user.tenant_id, user.user_id)
+    state, rows, _ = source.search(scope, "What activities has Ann done with her family?", new_sid, 10_000)
+    assert state.ids[int(rows[0])] == ids[0]  # no query word in the turn: "activities"/"family" -> camping, kids
+
+
+def test_sparse_window_bm25_matches_the_dense_form():
+    import numpy as np
+
+    from sidecar.domain import Message, Role
+    from sidecar.memory.episodic import _UserIndex
+
+    state = _UserIndex(dim=16, window=4)
+    texts = ["tortoise eats dandelions", "a blue vase", "tortoise shell", "the garden", "vase of dandelions",
+             "bakery night shift", "tortoise tortoise"]
+    state.add([Message(f"m{i}", "s1" if i < 4 else "s2", i, Role.USER, t, "", "", 1_683_552_960_000 + i, 0, 0, 0)
+               for i, t in enumerate(texts)], None, True)
+    decay = np.array([0.7 ** k for k in range(4, 0, -1)] + [0.7 ** k for k in range(1, 5)], np.float32)
+    q = terms("tortoise dandelions vase")
+    got = state.window_bm25(q, decay, 1.2, 0.75)
+    n = len(texts)
+    gather = np.where(state.nbr[:n] < 0, n, state.nbr[:n])
+    lens = np.append(state.doc_len[:n], 0)
+    win_len = lens[:n] + lens[gather] @ decay
+    norm = 1.2 * (1 - 0.75 + 0.75 * win_len / win_len.mean())
+    want = np.zeros(n)
+    for t in q:
+        rows, tfs = state.postings[t]
+        tf = np.zeros(n + 1)
+        tf[rows] = tfs
+        tw = tf[:n] + tf[gather] @ decay
+        want += np.log1p((n - len(rows) + 0.5) / (len(rows) + 0.5)) * tw * 2.2 / (tw + norm)
+    assert np.allclose(got, want, rtol=1e-5)
+    assert got[3] > 0  # "the garden" scores through its neighbours only
 
 
 def test_stemming():

@@ -7,8 +7,10 @@ built from rows the first time a user is seen. Never searched across users.
 
 Ranking (model-free, see bench/recall.py for what each part adds): BM25 of the turn plus its
 same-session neighbours with decaying weights (a fact is often spread over question and answer),
-fused with the dense cosine, times a boost for turns spoken by a person the query names and for
-turns of a session whose date the query names."""
+plus BM25 of the query's category words expanded through a small hand-written concept list ("pets"
+-> dog, cat, turtle...), fused with the dense cosine, times a boost for turns spoken by a person the
+query names and for turns of a session whose date the query names. Packed turns read "Ann: text";
+their date is one "[8 May 2023]" item per day, packed ahead of that day's turns."""
 
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ class Ranking:
     date_boost: float = 0.3  # turns of a session in the month/year the query names
     stem: bool = True
     date_headers: bool = True  # one "[8 May 2023]" item per day instead of the date on every turn
+    concept_weight: float = 0.4  # share of the CONCEPTS expansion of the query's category words
     prf_docs: int = 0  # pseudo-relevance feedback: top turns whose strongest terms expand the query
     prf_terms: int = 8
     prf_weight: float = 0.0
@@ -102,10 +105,59 @@ QUESTION_WORDS = frozenset(stem(w) for w in (
 ).split())
 
 
+# General-English category words and what they usually stand for in a conversation, so a question
+# about "pets" or "activities" also finds the turn that says "turtle" or "camping". Hand-written
+# world knowledge (no model); added to the query with Ranking.concept_weight.
+_CONCEPTS = {
+    "pet": "dog dogs cat cats puppy kitten turtle turtles fish hamster rabbit bird parrot snake guinea",
+    "animal": "dog cat turtle bird horse fish rabbit",
+    "activity": "hiking camping swimming painting running yoga dancing cooking baking biking reading "
+                "gardening surfing skiing climbing pottery volunteering walking fishing travel",
+    "hobby": "painting reading writing hiking camping cooking baking gardening photography music guitar "
+             "piano dancing pottery knitting gaming drawing",
+    "sport": "football soccer basketball baseball tennis golf hockey volleyball swimming running "
+             "surfing skiing boxing kickboxing karate taekwondo yoga",
+    "exercise": "running yoga gym workout swimming cycling biking hiking kickboxing lifting pilates",
+    "instrument": "guitar piano violin drums flute saxophone cello ukulele",
+    "music": "song songs band concert guitar piano album singing",
+    "family": "kids children son daughter husband wife mom dad mother father brother sister parents "
+              "grandma grandpa aunt uncle cousin fam",
+    "kid": "son daughter children child kids",
+    "child": "son daughter kids kid",
+    "relationship": "boyfriend girlfriend partner husband wife married single dating divorce breakup",
+    "job": "work career company office boss position hired interview",
+    "career": "job work profession degree field",
+    "food": "pizza pasta cake cookies bread salad soup dessert recipe dish meal",
+    "book": "novel novels read reading author books series",
+    "art": "painting paintings drawing sculpture pottery mural canvas",
+    "travel": "trip vacation visited flew abroad country city beach",
+    "trip": "vacation travel visited traveled road",
+    "place": "city country town beach park",
+    "country": "france spain italy germany japan china mexico canada england brazil",
+    "city": "paris london rome tokyo york boston chicago seattle",
+    "event": "party festival concert parade conference wedding fundraiser competition",
+    "volunteer": "shelter charity donate donated fundraiser",
+    "friend": "friends buddy buddies pal",
+    "game": "games tournament play played board video",
+    "item": "bought purchased got new",
+    "outdoor": "hiking camping beach park trail mountains lake",
+    "movie": "movies film films watched cinema",
+    "symbol": "flag necklace tattoo rainbow",
+    "martial": "karate taekwondo kickboxing judo boxing",
+    "religious": "church faith god pray",
+    "political": "rights vote election conservative liberal",
+    "allergy": "allergic allergies",
+}
+
+
 def terms(text: str, *, stemmed: bool = True) -> list[str]:
     words = [w.split("'")[0] for w in _WORD_RE.findall(text.lower())]
     out = [w for w in words if w and w not in STOPWORDS]
     return [stem(w) for w in out] if stemmed else out
+
+
+CONCEPTS = {stem(k): tuple(dict.fromkeys(t for w in v.split() for t in terms(w) if t != stem(k)))
+            for k, v in _CONCEPTS.items()}
 
 
 # ---------------------------------------------------------------------------------------- dates
@@ -161,6 +213,8 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
     day_items: dict[int, tuple[str, int, int, int]] = field(default_factory=dict)  # day -> text, tokens, keys
 
     def __post_init__(self) -> None:
+        self._win_key: tuple | None = None  # (rows, decay) the cached window length norm is for
+        self._win_norm = np.zeros(0, np.float32)
         self.vectors = np.zeros((self.cap, self.dim), np.float32)
         self.tokens = np.zeros(self.cap, np.int32)
         self.timestamps = np.zeros(self.cap, np.int64)
@@ -272,32 +326,44 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
 
     def window_bm25(self, query_terms: Sequence[str], decay: np.ndarray, k1: float, b: float) -> np.ndarray:
         """BM25 of each turn's neighbourhood as one document: the decayed term counts of the window
-        saturate per term, so a window that covers more of the query's terms wins."""
+        saturate per term, so a window that covers more of the query's terms wins. Sparse: each
+        posting adds its count to its own row and, decayed, to its neighbours' rows (all terms in one
+        bincount), so the cost follows the postings rather than rows x terms."""
         n = len(self.ids)
-        nbr = self.nbr[:n]
-        gather = np.where(nbr < 0, n, nbr)
-        lens = np.zeros(n + 1, np.float32)
-        lens[:n] = self.doc_len[:n]
-        win_len = lens[:n] + lens[gather] @ decay
-        avg_len = max(float(win_len.mean()) if n else 1.0, 1.0)
-        norm = k1 * (1.0 - b + b * win_len / avg_len)
-        acc = np.zeros(n, np.float32)
-        tf = np.zeros(n + 1, np.float32)
-        for t in set(query_terms):
+        picked = []
+        for t in dict.fromkeys(query_terms):
             posting = self.postings.get(t)
             if posting is None:
                 continue
             arrays = self.arrays.get(t)
             if arrays is None:
                 arrays = self.arrays[t] = (np.asarray(posting[0], np.int64), np.asarray(posting[1], np.float32))
-            rows, tfs = arrays
-            df = len(rows)
-            idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
-            tf[:] = 0.0
-            tf[rows] = tfs
-            tw = tf[:n] + tf[gather] @ decay
-            acc += idf * tw * (k1 + 1.0) / (tw + norm)
-        return acc
+            picked.append(arrays)
+        if not picked or not n:
+            return np.zeros(n, np.float32)
+        key = (n, b, decay.tobytes())
+        if self._win_key != key:
+            nbr = self.nbr[:n]
+            lens = np.zeros(n + 1, np.float32)
+            lens[:n] = self.doc_len[:n]
+            win_len = lens[:n] + lens[np.where(nbr < 0, n, nbr)] @ decay
+            self._win_norm = (1.0 - b + b * win_len / max(float(win_len.mean()), 1.0)).astype(np.float32)
+            self._win_key = key
+        rows = np.concatenate([p[0] for p in picked])
+        tfs = np.concatenate([p[1] for p in picked])
+        sizes = np.array([len(p[0]) for p in picked])
+        which = np.repeat(np.arange(len(picked)), sizes)
+        idf = np.log1p((n - sizes + 0.5) / (sizes + 0.5)).astype(np.float32)
+        width = decay.shape[0]
+        # A row that is my c-th neighbour has me as its (width - 1 - c)-th: mirrored decay.
+        targets = np.concatenate([rows, self.nbr[rows, :width].ravel()])
+        weights = np.concatenate([tfs, (tfs[:, None] * decay[::-1]).ravel()])
+        owners = np.concatenate([which, np.repeat(which, width)])
+        ok = (targets >= 0) & (weights > 0)
+        tw = np.bincount(owners[ok] * n + targets[ok], weights[ok], minlength=len(picked) * n)
+        tw = tw.reshape(len(picked), n).astype(np.float32)
+        norm = k1 * self._win_norm
+        return idf @ (tw * (k1 + 1.0) / (tw + norm))
 
     def smooth(self, scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """scores[i] + sum_k weights[k] * scores[k-th neighbour of i]; scores carries a 0 sentinel at n."""
@@ -359,6 +425,14 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             mult *= np.where(hit, 1.0 + r.date_boost, 1.0)
         if exclude_session and exclude_session in self.session_rows:
             mult[self.session_rows[exclude_session]] = 0.0
+        if r.concept_weight > 0:
+            have = set(q_terms)
+            wider = [t for q in q_terms for t in CONCEPTS.get(q, ()) if t not in have]
+            if wider:
+                extra = self.window_bm25(wider, decay, r.k1, r.b)
+                etop = float(extra.max())
+                if etop > 0:
+                    score = score + r.concept_weight * extra / etop
         if r.prf_docs > 0 and r.prf_weight > 0 and n > r.prf_docs:
             fb = self._feedback(score * mult, set(q_terms), r)
             if fb:
