@@ -9,7 +9,6 @@ import numpy as np
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory, SourceDrop
 from sidecar.knowledge.graph import render_path
 from sidecar.knowledge.service import KnowledgeService
-from sidecar.memory.filters import near_duplicate
 from sidecar.text import term_set, terms
 from sidecar.tokens import count_tokens_cached
 
@@ -22,6 +21,7 @@ GRAPH_RELEVANCE = 0.35
 CONFLICT_COSINE = 0.45
 CONFLICT_CONTAINMENT = 0.6
 CONFLICT_MIN_SHARED = 3
+SAME_STATEMENT_COSINE = 0.9
 # Only the strongest candidates take part: they are the ones that would be packed.
 CONFLICT_MAX_CHUNKS = 8
 CONFLICT_MAX_MEMORIES = 32
@@ -124,7 +124,8 @@ def knowledge_beats_memory(knowledge: KnowledgeService):
                           for c, kt in enumerate(kb_terms)]
                 best = int(np.argmax(scores))
                 b, i = refs[best]
-                if scores[best] >= CONFLICT_COSINE and not near_duplicate(_body(mb.texts[j]), _body(b.texts[i])):
+                # Saying the same thing is no conflict: fastpath's dedup keeps the better of the two.
+                if CONFLICT_COSINE <= scores[best] and sims[row, best] < SAME_STATEMENT_COSINE:
                     out.add(j)
                     mb.dropped.append(SourceDrop(mb.sources[j], mb.category, DROP_CONFLICT_WITH_KNOWLEDGE,
                                                  int(mb.tokens[j]), kept_source=b.sources[i]))
