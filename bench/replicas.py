@@ -103,7 +103,7 @@ def main() -> None:
                 stats = percentiles(time_calls(lambda: server.stub.BuildContext(req), n))  # noqa: B023
                 figures[f"{name}_build_p50_ms"], figures[f"{name}_build_p99_ms"] = stats["p50_ms"], stats["p99_ms"]
 
-                def writer(i: int):
+                def writer(i: int, server=server):
                     stub = server.new_stub()
                     s = pb.Scope(tenant_id="bench", user_id=f"w{i}")
                     wsid = stub.CreateSession(pb.CreateSessionRequest(scope=s)).session_id
