@@ -191,8 +191,8 @@ class HybridIndex:
         if dense_of is not None:  # exact: every row has a dense score
             fused = np.where(alive, w * dense_of + (1 - w) * lexical, -np.inf)
             top = _top_k(fused, k)
-            return [Hit(self._keys[r], float(fused[r]), float(dense_of[r]), float(lexical[r])) for r in top
-                    if np.isfinite(fused[r])]
+            top = top[np.isfinite(fused[top])]
+            return _hits(self._keys, top, fused[top], dense_of[top], lexical[top])
         lex_rows = _top_k(np.where(alive, lexical, -np.inf), k * 2)
         lex_rows = lex_rows[lexical[lex_rows] > 0]
         rows = np.unique(np.concatenate([dense_rows, lex_rows])) if len(dense_rows) else lex_rows
@@ -202,7 +202,14 @@ class HybridIndex:
         dense = self._vectors[rows] @ vector if vector is not None and np.any(vector) else np.zeros(len(rows))
         fused = w * dense + (1 - w) * lexical[rows]
         order = np.argsort(-fused, kind="stable")[:k]
-        return [Hit(self._keys[rows[i]], float(fused[i]), float(dense[i]), float(lexical[rows[i]])) for i in order]
+        return _hits(self._keys, rows[order], fused[order], dense[order], lexical[rows[order]])
+
+
+def _hits(keys: list[str | None], rows: np.ndarray, fused: np.ndarray, dense: np.ndarray,
+          lexical: np.ndarray) -> list[Hit]:
+    # One tolist() per array instead of a numpy scalar per field and row.
+    return [Hit(keys[r], f, d, x) for r, f, d, x in zip(rows.tolist(), fused.tolist(), dense.tolist(),
+                                                         lexical.tolist(), strict=True)]
 
 
 def _top_k(scores: np.ndarray, k: int) -> np.ndarray:

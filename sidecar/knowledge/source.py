@@ -22,6 +22,7 @@ CONFLICT_COSINE = 0.45
 CONFLICT_CONTAINMENT = 0.6
 CONFLICT_MIN_SHARED = 3
 SAME_STATEMENT_COSINE = 0.9
+CONTAINMENT_FLOOR = 0.2
 # Only the strongest candidates take part: they are the ones that would be packed.
 CONFLICT_MAX_CHUNKS = 8
 CONFLICT_MAX_MEMORIES = 32
@@ -110,22 +111,31 @@ def knowledge_beats_memory(knowledge: KnowledgeService):
         if not refs:
             return
         kb_vecs = _vectors_of(knowledge, refs)
-        kb_terms = [_terms_of(b, i) for b, i in refs]
+        kb_terms: list[frozenset[str] | None] = [None] * len(refs)
         for mb in memories:
             mine = [j for j, s in enumerate(mb.sources) if s.startswith("memory:")]
             mine = sorted(mine, key=lambda j: -mb.relevance[j])[:CONFLICT_MAX_MEMORIES]
             if not mine:
                 continue
             sims = _vectors_of(knowledge, [(mb, j) for j in mine]) @ kb_vecs.T
+            # Term containment, scaled so CONFLICT_CONTAINMENT counts like CONFLICT_COSINE; only for
+            # pairs already somewhat close (the rest cannot be on the same subject).
+            contained = np.zeros_like(sims)
+            for row, c in zip(*np.nonzero(sims >= CONTAINMENT_FLOOR), strict=True):
+                mterms = _terms_of(mb, mine[row])
+                if kb_terms[c] is None:
+                    kb_terms[c] = _terms_of(*refs[c])
+                shared = len(mterms & kb_terms[c])
+                if mterms and shared >= CONFLICT_MIN_SHARED:
+                    contained[row, c] = shared / len(mterms)
+            scores = np.maximum(sims, contained * (CONFLICT_COSINE / CONFLICT_CONTAINMENT))
+            best = scores.argmax(axis=1)
             out = set()
             for row, j in enumerate(mine):
-                mterms = _terms_of(mb, j)
-                scores = [max(float(sims[row, c]), _containment(mterms, kt) * CONFLICT_COSINE / CONFLICT_CONTAINMENT)
-                          for c, kt in enumerate(kb_terms)]
-                best = int(np.argmax(scores))
-                b, i = refs[best]
+                c = int(best[row])
                 # Saying the same thing is no conflict: fastpath's dedup keeps the better of the two.
-                if CONFLICT_COSINE <= scores[best] and sims[row, best] < SAME_STATEMENT_COSINE:
+                if scores[row, c] >= CONFLICT_COSINE and sims[row, c] < SAME_STATEMENT_COSINE:
+                    b, i = refs[c]
                     out.add(j)
                     mb.dropped.append(SourceDrop(mb.sources[j], mb.category, DROP_CONFLICT_WITH_KNOWLEDGE,
                                                  int(mb.tokens[j]), kept_source=b.sources[i]))
@@ -142,12 +152,10 @@ def _body(text: str) -> str:
 def _vectors_of(knowledge: KnowledgeService, refs: list[tuple[CandidateBatch, int]]) -> np.ndarray:
     """The attached vectors; the missing ones embedded in one call."""
     out = np.zeros((len(refs), knowledge.embedder.dim), np.float32)
-    missing = []
     for row, (b, i) in enumerate(refs):
-        if b.vectors is not None and np.any(b.vectors[i]):
+        if b.vectors is not None:
             out[row] = b.vectors[i]
-        else:
-            missing.append(row)
+    missing = np.flatnonzero(~out.any(axis=1)).tolist()
     if missing:
         out[missing] = knowledge.embedder.embed([_body(refs[r][0].texts[refs[r][1]]) for r in missing])
     return out
@@ -156,7 +164,3 @@ def _vectors_of(knowledge: KnowledgeService, refs: list[tuple[CandidateBatch, in
 def _terms_of(b: CandidateBatch, i: int) -> frozenset[str]:
     return b.term_sets[i] if b.term_sets is not None and b.term_sets[i] else term_set(_body(b.texts[i]))
 
-
-def _containment(mine: frozenset[str], theirs: frozenset[str]) -> float:
-    shared = len(mine & theirs)
-    return shared / len(mine) if mine and shared >= CONFLICT_MIN_SHARED else 0.0
