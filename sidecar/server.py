@@ -73,11 +73,19 @@ class GuardInterceptor(grpc.ServerInterceptor):
         behaviour = handler.unary_unary
         name = method.rsplit("/", 1)[-1]
         limiter = self._limiter
+        parse = handler.request_deserializer
 
-        def guarded(request, context):
+        def guarded(raw, context):
             started = time.perf_counter()
             code = "OK"
             try:
+                # Parsed here, not by gRPC, so undecodable bytes are the caller's error, not INTERNAL.
+                try:
+                    request = parse(raw) if parse else raw
+                except Exception:
+                    code = "INVALID_ARGUMENT"
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"the request is not a valid {name} message (protobuf decode failed)")
                 remaining = context.time_remaining()
                 if remaining is not None and remaining <= 0.0005:
                     code = "DEADLINE_EXCEEDED"
@@ -104,9 +112,8 @@ class GuardInterceptor(grpc.ServerInterceptor):
                 if log.isEnabledFor(logging.DEBUG):  # never message content, only the shape of the call
                     log.debug("rpc method=%s code=%s ms=%.3f", name, code, elapsed * 1000)
 
-        return grpc.unary_unary_rpc_method_handler(
-            guarded, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
+        return grpc.unary_unary_rpc_method_handler(guarded, request_deserializer=None,
+                                                   response_serializer=handler.response_serializer)
 
     def _authorized(self, metadata) -> bool:
         for key, value in metadata or ():

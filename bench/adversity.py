@@ -1,0 +1,156 @@
+"""Adversity bench: the long versions of tests/adversity (same harness, bigger numbers).
+
+python bench/adversity.py [--quick] [--crash-cycles N] [--fuzz-requests N] [--isolation-queries N]
+                          [--soak-seconds S] [--soak-rate R] [--postgres]
+
+--quick (under two minutes): 3 crash cycles, 3,000 fuzzed requests, 1,500 isolation queries, a 15 s
+soak. Default: 20 cycles, 100,000 requests, 10,000 queries, a 2-minute soak. The last line printed
+is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.adversity.harness import (  # noqa: E402
+    CrashLoop,
+    Fuzzer,
+    IsolationWorld,
+    Server,
+    duckdb_sql,
+    forget_residue,
+    postgres_sql,
+    raw_garbage,
+    raw_protobuf_garbage,
+    serve_supports_store,
+    soak,
+)
+from tests.conftest import Running  # noqa: E402
+
+
+def log(*args) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+def isolation_postgres(tmp: Path, queries: int) -> dict:
+    if not serve_supports_store():
+        return {"isolation_pg": "skipped: serve has no --store"}
+    try:
+        import psycopg
+
+        from tests.pg import PG_DSN, pg_create_schema, pg_drop_schema, pg_url
+        admin = psycopg.connect(PG_DSN, autocommit=True, connect_timeout=3)
+    except Exception as e:  # noqa: BLE001
+        return {"isolation_pg": f"skipped: {str(e).strip()[:120]}"}
+    schema = pg_create_schema(admin, "b_adv_iso")
+    server = Server(str(tmp / "unused.duckdb"), extra=["--store", pg_url(schema)])
+    try:
+        world = IsolationWorld(server.new_stub(), prefix="pgiso")
+        world.seed()
+        world.load_truth(postgres_sql(admin, schema))
+        r = world.sweep(queries)
+        return {"isolation_pg_queries": r["isolation_queries"], "isolation_pg_leaks": r["isolation_leaks"],
+                "isolation_pg_leak_examples": r["isolation_leak_examples"][:3]}
+    finally:
+        server.stop()
+        pg_drop_schema(admin, schema)
+        admin.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small numbers, under two minutes")
+    p.add_argument("--crash-cycles", type=int)
+    p.add_argument("--fuzz-requests", type=int)
+    p.add_argument("--isolation-queries", type=int)
+    p.add_argument("--soak-seconds", type=float)
+    p.add_argument("--soak-rate", type=float, default=40.0)
+    p.add_argument("--postgres", action="store_true", help="also sweep isolation on PostgreSQL (--store)")
+    a = p.parse_args()
+    cycles = a.crash_cycles or (3 if a.quick else 20)
+    fuzz_n = a.fuzz_requests or (3000 if a.quick else 100_000)
+    iso_n = a.isolation_queries or (1500 if a.quick else 10_000)
+    soak_s = a.soak_seconds or (15.0 if a.quick else 120.0)
+    out: dict[str, object] = {"bench": "adversity", "quick": a.quick}
+    started = time.monotonic()
+
+    with tempfile.TemporaryDirectory(prefix="adversity-") as d:
+        tmp = Path(d)
+        # 1. crash loop
+        t = time.monotonic()
+        crash = CrashLoop(str(tmp / "crash.duckdb"), seed=7, up_s=(0.5, 1.5), early_kill_p=0.2, log=log).run(cycles)
+        out.update({k: crash.get(k, 0) for k in ("crash_cycles", "acked_writes", "found_writes", "lost_writes",
+                                                 "duplicate_writes", "torn_batches", "memory_index_misses",
+                                                 "kb_index_misses", "jobs_unfinished", "jobs_failed",
+                                                 "retried_batches", "early_kills")})
+        out["crash_problems"] = crash["problems"][:5]
+        out["crash_seconds"] = round(time.monotonic() - t, 1)
+        log("crash", {k: out[k] for k in ("crash_cycles", "acked_writes", "lost_writes")})
+
+        # 2. fuzzing, garbage on the port
+        t = time.monotonic()
+        server = Server(str(tmp / "fuzz.duckdb"))
+        try:
+            f = Fuzzer(server, seed=11)
+            f.every_rpc_once()
+            f.run_hypothesis(fuzz_n, per_example=10)
+            r = f.report()
+            out.update(r)
+            out.update(raw_garbage(server.address, random.Random(1), rounds=4 if a.quick else 40))
+            pg = raw_protobuf_garbage(server.address, random.Random(2), per_method=2 if a.quick else 20)
+            out.update({k: v for k, v in pg.items() if k != "protobuf_garbage_examples"})
+            alive = server.alive() and server.healthy()
+            out["fuzz_crashes"] = 0 if alive else 1
+            out["fuzz_logged_internal_errors"] = len(server.internal_logs)
+        finally:
+            server.stop()
+        out["fuzz_seconds"] = round(time.monotonic() - t, 1)
+        log("fuzz", {k: out[k] for k in ("fuzz_requests", "fuzz_crashes", "fuzz_internal")})
+
+        # 3. isolation sweep (DuckDB; PostgreSQL with --postgres)
+        t = time.monotonic()
+        running = Running(str(tmp / "iso.duckdb"))
+        try:
+            world = IsolationWorld(running.stub)
+            world.seed()
+            world.load_truth(duckdb_sql(running.app))
+            r = world.sweep(iso_n)
+        finally:
+            running.stop()
+        out.update({k: r[k] for k in ("isolation_queries", "isolation_leaks", "isolation_unknown_tags")})
+        out["isolation_items_checked"] = r["isolation_counts"].get("items_checked", 0)
+        out["isolation_leak_examples"] = r["isolation_leak_examples"][:3]
+        if a.postgres:
+            out.update(isolation_postgres(tmp, iso_n))
+        out["isolation_seconds"] = round(time.monotonic() - t, 1)
+        log("isolation", {k: out[k] for k in ("isolation_queries", "isolation_leaks")})
+
+        # 4. forget-user residue
+        r = forget_residue(Running(str(tmp / "forget.duckdb")))
+        out.update({k: r[k] for k in ("forget_residue", "forget_other_users_changed", "forget_db_file_mentions")})
+        out["forget_residue_examples"] = r["forget_residue_examples"][:3]
+
+        # 5. soak
+        server = Server(str(tmp / "soak.duckdb"))
+        try:
+            r = soak(server, soak_s, rate=a.soak_rate)
+        finally:
+            server.stop()
+        out.update({k: v for k, v in r.items() if k != "soak_errors"})
+        log("soak", {k: r[k] for k in ("soak_rss_start_mb", "soak_rss_end_mb", "soak_p99_first_ms", "soak_p99_last_ms")})
+
+    out["seconds"] = round(time.monotonic() - started, 1)
+    print(json.dumps(out, sort_keys=True, default=str))
+
+
+if __name__ == "__main__":
+    main()
