@@ -28,13 +28,25 @@ DROP_REASONS = {1: "over_budget", 2: "duplicate", 3: "low_score", 4: "acl", 5: "
                 7: "conflict_with_knowledge"}
 
 
+_children: dict[tuple, object] = {}
+
+
+def _child(metric, *labels):
+    """Label lookups take a lock each; the hot path keeps the children it uses."""
+    key = (id(metric), labels)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*labels)
+    return child
+
+
 def observe_build(result) -> None:
     for stage, micros in result.timings:
-        BUILD_STAGE.labels(stage).observe(micros / 1e6)
-    TOKENS_PACKED.labels("hard").inc(result.hard_zone_tokens)
-    TOKENS_PACKED.labels("soft").inc(result.soft_zone_tokens)
+        _child(BUILD_STAGE, stage).observe(micros / 1e6)
+    _child(TOKENS_PACKED, "hard").inc(result.hard_zone_tokens)
+    _child(TOKENS_PACKED, "soft").inc(result.soft_zone_tokens)
     for reason, count in result.drop_counts.items():
-        ITEMS_DROPPED.labels(DROP_REASONS.get(reason, str(reason))).inc(count)
+        _child(ITEMS_DROPPED, DROP_REASONS.get(reason, str(reason))).inc(count)
 
 
 def bind_gauges(queue_depth: Callable[[], float], memory_entries: Callable[[], float],

@@ -57,28 +57,36 @@ class GuardInterceptor(grpc.ServerInterceptor):
     def __init__(self, auth_token: str | None, limiter: TenantRateLimiter | None = None) -> None:
         self._expected = f"Bearer {auth_token}".encode() if auth_token else None
         self._limiter = limiter
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
 
     def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
         method = handler_call_details.method
+        wrapped = self._wrapped.get(method)
+        if wrapped is not None:  # one wrapper per method, built once: no per-call handler objects
+            return wrapped
+        handler = continuation(handler_call_details)
         if handler is None or handler.unary_unary is None or method.startswith(_OPEN_PREFIXES):
             return handler
-        if self._expected is not None and not self._authorized(handler_call_details.invocation_metadata):
-            def deny(request, context):
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong authorization bearer token")
-            return grpc.unary_unary_rpc_method_handler(
-                deny, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+        wrapped = grpc.unary_unary_rpc_method_handler(self._guard(method, handler), request_deserializer=None,
+                                                      response_serializer=handler.response_serializer)
+        self._wrapped[method] = wrapped
+        return wrapped
 
+    def _guard(self, method: str, handler):
         behaviour = handler.unary_unary
         name = method.rsplit("/", 1)[-1]
         limiter = self._limiter
         parse = handler.request_deserializer
+        requests_ok = metrics.RPC_REQUESTS.labels(name, "OK")
+        latency = metrics.RPC_LATENCY.labels(name)
 
         def guarded(raw, context):
             started = time.perf_counter()
             code = "OK"
             try:
+                if self._expected is not None and not self._authorized(context.invocation_metadata()):
+                    code = "UNAUTHENTICATED"
+                    context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong authorization bearer token")
                 # Parsed here, not by gRPC, so undecodable bytes are the caller's error, not INTERNAL.
                 try:
                     request = parse(raw) if parse else raw
@@ -90,11 +98,12 @@ class GuardInterceptor(grpc.ServerInterceptor):
                 if remaining is not None and remaining <= 0.0005:
                     code = "DEADLINE_EXCEEDED"
                     context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"{name}: the deadline passed before it started")
-                tenant = request.scope.tenant_id if request.HasField("scope") else ""
-                if limiter is not None and not limiter.allow(tenant):
-                    code = "RESOURCE_EXHAUSTED"
-                    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                  f"tenant {tenant[:64]!r} exceeds {limiter.rate:g} requests/s; retry with backoff")
+                if limiter is not None:
+                    tenant = request.scope.tenant_id if request.HasField("scope") else ""
+                    if not limiter.allow(tenant):
+                        code = "RESOURCE_EXHAUSTED"
+                        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                      f"tenant {tenant[:64]!r} exceeds {limiter.rate:g} requests/s; retry with backoff")
                 return behaviour(request, context)
             except SidecarError as e:
                 code = e.code_name
@@ -107,13 +116,12 @@ class GuardInterceptor(grpc.ServerInterceptor):
                 context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}")
             finally:
                 elapsed = time.perf_counter() - started
-                metrics.RPC_REQUESTS.labels(name, code).inc()
-                metrics.RPC_LATENCY.labels(name).observe(elapsed)
+                (requests_ok if code == "OK" else metrics.RPC_REQUESTS.labels(name, code)).inc()
+                latency.observe(elapsed)
                 if log.isEnabledFor(logging.DEBUG):  # never message content, only the shape of the call
                     log.debug("rpc method=%s code=%s ms=%.3f", name, code, elapsed * 1000)
 
-        return grpc.unary_unary_rpc_method_handler(guarded, request_deserializer=None,
-                                                   response_serializer=handler.response_serializer)
+        return guarded
 
     def _authorized(self, metadata) -> bool:
         for key, value in metadata or ():
