@@ -12,6 +12,7 @@ from sidecar.assembly.builder import ContextBuilder
 from sidecar.assembly.message_source import MessageSource
 from sidecar.compress.service import SUMMARY_JOB, CompressionService, CompressionSettings
 from sidecar.compress.sources import SummarySource, ToolObservationSource, pinned_items
+from sidecar.compress.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
 from sidecar.domain import Scope
 from sidecar.index.embedders import Embedder, make_embedder
 from sidecar.jobs import JobWorker, requeue_interrupted
@@ -52,9 +53,15 @@ def default_extractor() -> Extractor:
     return LLMExtractor(client, fallback=RuleBasedExtractor()) if client else RuleBasedExtractor()
 
 
+def default_summarizer() -> Summarizer:
+    """The extractive summarizer, or an LLM one (falling back to extractive) when an endpoint is set."""
+    client = ChatClient.from_env()
+    return LLMSummarizer(client, fallback=ExtractiveSummarizer()) if client else ExtractiveSummarizer()
+
+
 class Sidecar:
     def __init__(self, db_path: str, settings: Settings = Settings(), *, embedder: Embedder | None = None,
-                 extractor: Extractor | None = None) -> None:
+                 extractor: Extractor | None = None, summarizer: Summarizer | None = None) -> None:
         self.settings = settings
         self.store = open_store(db_path)
         self.embedder = embedder or make_embedder(settings.embedder)
@@ -64,7 +71,8 @@ class Sidecar:
         self.memories = MemoryService(self.store, self.embedder, on_forget=[self._evict_user])
         self.extraction = ExtractionPipeline(self.store, self.memories, extractor or default_extractor(),
                                              min_confidence=settings.min_confidence)
-        self.compression = CompressionService(self.sessions, self.facts, settings.compression)
+        self.compression = CompressionService(self.sessions, self.facts, settings.compression,
+                                              summarizer or default_summarizer())
         self.worker = JobWorker(self.store, {EXTRACT_JOB: self.extraction.handle,
                                              SUMMARY_JOB: self.compression.handle_summary_job},
                                 poll_s=settings.job_poll_s)
