@@ -673,3 +673,21 @@ def test_caching_store_over_backend(backend, scope):
     assert out[0].seq == 3 and view.messages[-1].seq == 3 and len(view.pinned) == 2
     assert cache.get_facts(scope, "s1") == backend.get_facts(scope, "s1")
     drain_jobs(backend)
+
+
+def test_both_backends_implement_the_whole_protocol():
+    import inspect
+
+    from sidecar.store.base import Store
+    from sidecar.store.duckdb_store import DuckDBStore
+    from sidecar.store.postgres_store import PostgresStore
+
+    wanted = {n for n, _ in inspect.getmembers(Store, inspect.isfunction) if not n.startswith("_")}
+    assert len(wanted) > 50
+    for backend in (DuckDBStore, PostgresStore):
+        missing = [n for n in wanted if not callable(getattr(backend, n, None))]
+        assert not missing, (backend.__name__, missing)
+        for n in wanted:
+            ours = list(inspect.signature(getattr(Store, n)).parameters)
+            theirs = list(inspect.signature(getattr(backend, n)).parameters)
+            assert ours == theirs, (backend.__name__, n, ours, theirs)
