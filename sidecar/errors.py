@@ -36,6 +36,3 @@ class ResourceExhausted(SidecarError):
 class PermissionDenied(SidecarError):
     code_name = "PERMISSION_DENIED"
 
-
-class Unimplemented(SidecarError):
-    code_name = "UNIMPLEMENTED"
