@@ -89,6 +89,8 @@ def build_request(request):
             raise InvalidArgument(f"tools[{i}].name is required")
     if request.min_score != request.min_score:  # NaN
         raise InvalidArgument("min_score must be a number")
+    if request.render not in (pb.RENDER_MODE_UNSPECIFIED, pb.RENDER_MODE_TEXT, pb.RENDER_MODE_CHAT):
+        raise InvalidArgument(f"render must be a RenderMode (got {request.render})")
     return BuildRequest(
         session_id=request.session_id, run_id=request.run_id, query=request.query,
         system_rules=request.system_rules,

@@ -217,6 +217,8 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
     # ------------------------------------------------------------------ knowledge base
     def IngestDocument(self, request, context):
         scope = convert.scope(request, user_required=False)
+        if request.format not in (pb.DOCUMENT_FORMAT_UNSPECIFIED, pb.DOCUMENT_FORMAT_TEXT, pb.DOCUMENT_FORMAT_MARKDOWN):
+            raise InvalidArgument(f"format must be a DocumentFormat (got {request.format})")
         version, chunks, job_id = self.app.knowledge.ingest(
             scope, request.doc_id, request.title, request.text, request.format, list(request.allowed_roles),
             dict(request.metadata), request.chunking.max_tokens, request.chunking.overlap_tokens,

@@ -116,6 +116,7 @@ def test_bad_budget_and_unknown_session(stub, scope, session_id):
     expect_status(lambda: _build(stub, scope, "nope"), grpc.StatusCode.NOT_FOUND, "session_id")
     expect_status(lambda: _build(stub, scope, session_id, tools=[pb.ToolSchema(description="x")]),
                   grpc.StatusCode.INVALID_ARGUMENT, "tools[0].name")
+    expect_status(lambda: _build(stub, scope, session_id, render=7), grpc.StatusCode.INVALID_ARGUMENT, "render")
 
 
 def test_chat_render(stub, scope, session_id):

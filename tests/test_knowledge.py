@@ -160,3 +160,10 @@ def test_knowledge_errors(stub, scope):
                   grpc.StatusCode.NOT_FOUND, "doc_id")
     expect_status(lambda: stub.SearchKnowledge(pb.SearchKnowledgeRequest(scope=scope, query="x", k=1000)),
                   grpc.StatusCode.INVALID_ARGUMENT, "k")
+
+
+def test_unknown_document_format_is_rejected(stub, scope):
+    expect_status(lambda: stub.IngestDocument(pb.IngestDocumentRequest(scope=scope, doc_id="d", text="x",
+                                                                       format=2147483647)),
+                  grpc.StatusCode.INVALID_ARGUMENT, "format")
+    assert not stub.ListDocuments(pb.ListDocumentsRequest(scope=scope)).documents

@@ -1,4 +1,5 @@
-"""Soak (15 s here; bench/adversity.py runs 2 minutes): a steady mixed load against a sidecar
+"""Soak (2 minutes here, as the issue asks; `bench/adversity.py --soak-seconds 1800` runs the 30-minute
+one): a steady mixed load against a sidecar
 subprocess. Every call succeeds, RSS growth is bounded, p99 is stable (first vs last third) and
 neither file descriptors nor threads grow."""
 
@@ -6,11 +7,13 @@ from __future__ import annotations
 
 from .harness import Server, soak
 
+SOAK_SECONDS = 120.0
+
 
 def test_soak_is_steady(tmp_path):
     server = Server(str(tmp_path / "soak.duckdb"))
     try:
-        r = soak(server, 15.0, rate=40.0)
+        r = soak(server, SOAK_SECONDS, rate=40.0)
         print(r)
         assert server.alive() and server.healthy()
     finally:
