@@ -105,7 +105,7 @@ def build_request(request):
 # Building a ContextItem from keyword arguments costs ~2 us; copying a prepared one ~0.6 us. Items
 # are immutable per (source, text), so each thread keeps prepared ones (per thread: the score is set
 # on the template just before it is copied into the response).
-_ITEM_TEMPLATE_LIMIT = 50_000  # keyed by every field but the score, so a template is never stale
+_ITEM_TEMPLATE_LIMIT = 4096  # per thread; keyed by every field but the score, so never stale
 _local = threading.local()
 
 
