@@ -164,7 +164,8 @@ class HybridIndex:
             df = self._df.get(t, 0)
             idf = math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
             norm = BM25_K1 * (1.0 - BM25_B + BM25_B * self._doc_len[rows] / avg_len)
-            np.add.at(acc, rows, idf * tfs * (BM25_K1 + 1.0) / (tfs + norm))
+            # A row is in a term's posting once (tf counts repeats), so a plain fancy-index add is exact.
+            acc[rows] += idf * tfs * (BM25_K1 + 1.0) / (tfs + norm)
         return acc
 
     def search(self, vector: np.ndarray | None, terms: Sequence[str], k: int) -> list[Hit]:
