@@ -8,6 +8,7 @@ CachingStore, and batch writes use one multi-row INSERT instead of a statement p
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -54,7 +55,8 @@ class DuckDBStore:
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._conn = duckdb.connect(path)
+        # A sidecar shares its pod: cap DuckDB's buffer pool (its default is 80 % of the machine's RAM).
+        self._conn = duckdb.connect(path, config={"memory_limit": os.environ.get("SIDECAR_DUCKDB_MEMORY", "512MB")})
         self._lock = threading.RLock()
         self._next_seq: dict[tuple[str, str, str], int] = {}
         self._history_seq = 0
