@@ -41,7 +41,6 @@ from sidecar.domain import (
     SubSessionResult,
     ToolResult,
 )
-from sidecar.ids import new_id
 from sidecar.store import records
 from sidecar.store.records import USER_TABLES
 from sidecar.store.schema import MIGRATIONS
@@ -174,37 +173,13 @@ class DuckDBStore:
                     next_seq = c.execute(
                         "SELECT coalesce(max(seq), 0) + 1 FROM messages WHERE tenant_id = ? AND user_id = ? "
                         "AND session_id = ?", [scope.tenant_id, scope.user_id, session_id]).fetchone()[0]
-                out: list[Message] = []
-                rows = []
-                stored_at: dict[int, str] = {}  # batch index -> id of a newly stored message
-                for m, (tokens, line_tokens) in zip(messages, token_counts, strict=True):
-                    if m.idempotency_key and m.idempotency_key in existing:
-                        out.append(existing[m.idempotency_key])
-                        continue
-                    msg = Message(
-                        message_id=new_id("msg"), session_id=session_id, seq=next_seq, role=m.role, text=m.text,
-                        tool_name=m.tool_name, tool_call_id=m.tool_call_id, timestamp_ms=m.client_timestamp_ms or now_ms,
-                        created_at_ms=now_ms, tokens=tokens, line_tokens=line_tokens,
-                        idempotency_key=m.idempotency_key, speaker=m.speaker,
-                    )
-                    if m.idempotency_key:
-                        existing[m.idempotency_key] = msg  # a key repeated inside one batch is stored once
-                    stored_at[len(out)] = msg.message_id
-                    next_seq += 1
-                    out.append(msg)
-                    rows.append((scope.tenant_id, scope.user_id, session_id, msg.seq, msg.message_id, int(msg.role),
-                                 msg.text, msg.tool_name, msg.tool_call_id, msg.timestamp_ms, msg.created_at_ms,
-                                 msg.tokens, msg.line_tokens, msg.idempotency_key, msg.speaker))
-                self._insert_many(c, "messages", records.MESSAGE_COLS, rows)
-                # Pinned constraints are written with their message: a committed prohibition is never lost.
-                self._insert_many(c, "pinned_constraints", "tenant_id, user_id, session_id, message_id, idx, text, "
-                                  "tokens, created_at_ms",
-                                  [(scope.tenant_id, scope.user_id, session_id, stored_at[i], k, text, n, now_ms)
-                                   for k, (i, text, n) in enumerate(pinned) if i in stored_at])
+                plan = records.plan_append(scope, session_id, messages, token_counts, pinned, now_ms, existing, next_seq)
+                self._insert_many(c, "messages", records.MESSAGE_COLS, plan.message_rows)
+                self._insert_many(c, "pinned_constraints", records.PINNED_COLS, plan.pinned_rows)
             # Only this process writes the file, so the next sequence number can live in memory; it is
             # recorded after the commit so a rolled-back batch leaves no gap.
-            self._next_seq[seq_key] = next_seq
-            return out
+            self._next_seq[seq_key] = plan.next_seq
+            return plan.out
 
     def list_messages(
         self, scope: Scope, session_id: str, *, newest: int = 0, from_seq: int = 0, to_seq: int = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sidecar.domain import (
@@ -18,16 +19,19 @@ from sidecar.domain import (
     MemoryStatus,
     MemoryType,
     Message,
+    NewMessage,
     Provenance,
     Role,
     Run,
     RunNote,
     RunStatus,
+    Scope,
     Session,
     SessionStatus,
     ToolResult,
     ToolStatus,
 )
+from sidecar.ids import new_id
 
 SESSION_COLS = ("tenant_id, user_id, session_id, title, status, created_at_ms, updated_at_ms, closed_at_ms, "
                  "parent_session_id, task, metadata")
@@ -115,3 +119,49 @@ def doc_from(r: Sequence[Any]) -> DocumentVersion:
     return DocumentVersion(doc_id=r[0], version=r[1], title=r[2], format=r[3], allowed_roles=json.loads(r[4]),
                            metadata=json.loads(r[5]), chunk_count=r[6], live=bool(r[7]), indexed=bool(r[8]),
                            created_at_ms=r[9])
+
+
+@dataclass(slots=True)
+class AppendPlan:
+    """What one AppendMessages batch stores: the messages to return (stored or replayed), the message
+    rows and the pinned-constraint rows to insert, and the next free sequence number."""
+
+    out: list[Message]
+    message_rows: list[tuple]
+    pinned_rows: list[tuple]
+    next_seq: int
+
+
+def plan_append(scope: Scope, session_id: str, messages: Sequence[NewMessage],
+                token_counts: Sequence[tuple[int, int]], pinned: Sequence[tuple[int, str, int]], now_ms: int,
+                existing: dict[str, Message], next_seq: int) -> AppendPlan:
+    """Assign ids and sequence numbers. A message whose idempotency key is already stored (in
+    `existing`) is replayed, not stored again; a key repeated inside the batch is stored once."""
+    out: list[Message] = []
+    rows = []
+    stored_at: dict[int, str] = {}  # batch index -> id of a newly stored message
+    for m, (tokens, line_tokens) in zip(messages, token_counts, strict=True):
+        if m.idempotency_key and m.idempotency_key in existing:
+            out.append(existing[m.idempotency_key])
+            continue
+        msg = Message(
+            message_id=new_id("msg"), session_id=session_id, seq=next_seq, role=m.role, text=m.text,
+            tool_name=m.tool_name, tool_call_id=m.tool_call_id, timestamp_ms=m.client_timestamp_ms or now_ms,
+            created_at_ms=now_ms, tokens=tokens, line_tokens=line_tokens,
+            idempotency_key=m.idempotency_key, speaker=m.speaker,
+        )
+        if m.idempotency_key:
+            existing[m.idempotency_key] = msg
+        stored_at[len(out)] = msg.message_id
+        next_seq += 1
+        out.append(msg)
+        rows.append((scope.tenant_id, scope.user_id, session_id, msg.seq, msg.message_id, int(msg.role),
+                     msg.text, msg.tool_name, msg.tool_call_id, msg.timestamp_ms, msg.created_at_ms,
+                     msg.tokens, msg.line_tokens, msg.idempotency_key, msg.speaker))
+    # Pinned constraints are written with their message: a committed prohibition is never lost.
+    pinned_rows = [(scope.tenant_id, scope.user_id, session_id, stored_at[i], k, text, n, now_ms)
+                   for k, (i, text, n) in enumerate(pinned) if i in stored_at]
+    return AppendPlan(out, rows, pinned_rows, next_seq)
+
+
+PINNED_COLS = "tenant_id, user_id, session_id, message_id, idx, text, tokens, created_at_ms"
