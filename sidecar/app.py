@@ -71,7 +71,7 @@ class Sidecar:
         self.memories = MemoryService(self.store, self.embedder, on_forget=[self._evict_user])
         self.extraction = ExtractionPipeline(self.store, self.memories, extractor or default_extractor(),
                                              min_confidence=settings.min_confidence)
-        self.compression = CompressionService(self.sessions, self.facts, settings.compression,
+        self.compression = CompressionService(self.sessions, self.facts, self.runs, settings.compression,
                                               summarizer or default_summarizer())
         self.worker = JobWorker(self.store, {EXTRACT_JOB: self.extraction.handle,
                                              SUMMARY_JOB: self.compression.handle_summary_job},

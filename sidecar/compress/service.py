@@ -26,6 +26,7 @@ from sidecar.errors import FailedPrecondition, NotFound
 from sidecar.ids import check_id, check_text, new_id
 from sidecar.secrets import redact
 from sidecar.services.facts import FactInput, FactService
+from sidecar.services.runs import RunService
 from sidecar.services.sessions import SessionService
 from sidecar.store.cache import SessionView
 from sidecar.text import terms
@@ -62,10 +63,11 @@ def focus_terms(view: SessionView) -> set[str]:
 
 
 class CompressionService:
-    def __init__(self, sessions: SessionService, facts: FactService, settings: CompressionSettings = CompressionSettings(),
-                 summarizer: Summarizer | None = None) -> None:
+    def __init__(self, sessions: SessionService, facts: FactService, runs: RunService,
+                 settings: CompressionSettings = CompressionSettings(), summarizer: Summarizer | None = None) -> None:
         self.sessions = sessions
         self.facts = facts
+        self.runs = runs
         self.store = sessions.store
         self.settings = settings
         self.summarizer = summarizer or ExtractiveSummarizer()
@@ -101,11 +103,8 @@ class CompressionService:
     # ------------------------------------------------------------------ run notes
     def add_run_note(self, scope: Scope, session_id: str, run_id: str, text: str) -> RunNote:
         check_text(text, "text", MAX_NOTE_TEXT, required=True)
-        check_id(run_id, "run_id")
         view = self.sessions.open_view(scope, session_id)
-        run = self.store.get_run(scope, run_id)
-        if run is None or run.session_id != session_id:
-            raise NotFound(f"run_id {run_id!r} not found in session {session_id!r}")
+        self.runs.get(scope, session_id, run_id)  # the run must exist in this session
         existing = view.notes.get(run_id, [])
         clean = redact(text)
         note = RunNote(note_id=new_id("note"), session_id=session_id, run_id=run_id,
