@@ -94,11 +94,13 @@ def main() -> None:
     parser.add_argument("--db")
     parser.add_argument("--listen")
     parser.add_argument("--log-level")
+    parser.add_argument("--metrics-port", type=int, default=0, help=argparse.SUPPRESS)
     args, _ = parser.parse_known_args()
     if args.serve:  # the server side of the gRPC measurement, with the synthetic source plugged in
         from sidecar.server import serve
 
-        raise SystemExit(serve(args.db, listen=args.listen, uds=None, auth_token=None, app_factory=make_app))
+        raise SystemExit(serve(args.db, listen=args.listen, uds=None, auth_token=None, app_factory=make_app,
+                               metrics_port=args.metrics_port))
 
     n = 400 if args.quick else 3000
     seconds = 3.0 if args.quick else 10.0

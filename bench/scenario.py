@@ -4,6 +4,7 @@ confirmed facts, 20 tool results and 500 extra candidates standing in for memori
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 
@@ -76,7 +77,9 @@ class SyntheticSource:
         ]
 
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
-        return self.batches
+        # Fresh batch objects each call, as a real source returns: resolvers take candidates out of
+        # the batches they are given (the lists inside are replaced, never changed in place).
+        return [replace(b, dropped=[]) for b in self.batches]
 
     @property
     def texts(self) -> list[str]:

@@ -46,11 +46,26 @@ prime 0x100000001b3, arithmetic mod 2**64).
   Feature hash h adds ``sign*weight`` to ``vec[h % dim]`` (sign -1 iff bit 63 of h is set),
   accumulated in float64; the vector is divided by the square root of its sum of squares (summed in
   index order) and cast to float32; an all-zero vector stays zero.
+
+Wire encoding
+-------------
+BuildContext answers with ~150 items per call; building them as protobuf objects costs more than
+choosing them. So items are encoded straight to protobuf wire bytes (proto3 rules: a field equal
+to its default is left out; varints little-endian base 128; a negative int is its 64-bit two's
+complement, 10 bytes). Field numbers are those of context_service.proto:
+
+* ``encode_item``: a ``ContextItem`` without its score, fields in number order: source (1,
+  string), category (2), tokens (4), text (5), role (6), timestamp_ms (7), each source message
+  id (8, repeated string).
+* ``encode_section``: one ``sections`` entry (field 1) of ``BuildContextResponse``: the tag, the
+  length, then the ``Section``: kind (1), each item (2) as its body followed by its score (3,
+  float32, rounded to nearest, left out when its bits are all zero), tokens (3).
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -401,3 +416,53 @@ def hash_embed(texts: Sequence[str], dim: int) -> np.ndarray:
         rows.append(vec)
     # float64 -> float32 rounding of the finished row is the only numpy step (output packaging).
     return np.array(rows, dtype=np.float32).reshape(len(rows), d)
+
+
+# ------------------------------------------------------------------------------ wire encoding
+def _varint(value: int) -> bytes:
+    value &= MASK64  # negative ints are sent as their 64-bit two's complement
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _len_field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _int_field(number: int, value: int) -> bytes:
+    return _varint(number << 3) + _varint(value) if value else b""
+
+
+def _str_field(number: int, value: str) -> bytes:
+    return _len_field(number, value.encode("utf-8")) if value else b""
+
+
+def encode_item(source: str, category: int, tokens: int, text: str, role: int, timestamp_ms: int,
+                source_message_ids: Sequence[str]) -> bytes:
+    """Wire bytes of a ContextItem without its score (see "Wire encoding" above)."""
+    for mid in source_message_ids:
+        if not isinstance(mid, str):
+            raise TypeError(f"source_message_ids holds a {type(mid).__name__}, not str")
+    return b"".join([
+        _str_field(1, source), _int_field(2, category), _int_field(4, tokens), _str_field(5, text),
+        _int_field(6, role), _int_field(7, timestamp_ms),
+        *(_len_field(8, mid.encode("utf-8")) for mid in source_message_ids),
+    ])
+
+
+def encode_section(kind: int, bodies: Sequence[bytes], scores: Any, tokens: int) -> bytes:
+    """Wire bytes of one BuildContextResponse.sections entry: tag, length, Section."""
+    score_list = _array("scores", scores, np.float64, _FLOAT_KINDS, len(bodies)).tolist()
+    parts = [_int_field(1, kind)]
+    for body, score in zip(bodies, score_list, strict=True):
+        try:
+            packed = struct.pack("<f", score)
+        except OverflowError:  # beyond float32: C's cast gives infinity, so does this
+            packed = struct.pack("<f", math.copysign(math.inf, score))
+        parts.append(_len_field(2, bytes(body) + (b"\x1d" + packed if packed != bytes(4) else b"")))
+    parts.append(_int_field(3, tokens))
+    return _len_field(1, b"".join(parts))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import threading
+import numpy as np
 
 from sidecar.api import context_service_pb2 as pb
+from sidecar.assembly.budget import BUDGET_FIELDS, DEFAULT_BUDGET, Budget
+from sidecar.assembly.builder import BuildRequest, ToolSpec
+from sidecar.assembly.render import render_chat, render_text
 from sidecar.domain import (
     Fact,
     FactChange,
@@ -70,20 +73,14 @@ def checkpoint(c: RunCheckpoint) -> pb.RunCheckpoint:
                             pending_step=c.pending_step, created_at_ms=c.created_at_ms)
 
 
-def budget(request_budget, present: bool):
-    from sidecar.assembly.budget import BUDGET_FIELDS, Budget
-
+def budget(request_budget, present: bool) -> Budget:
     if not present:
-        return Budget()
+        return DEFAULT_BUDGET
     return Budget.from_overrides({name: getattr(request_budget, name) for name in BUDGET_FIELDS
                                   if request_budget.HasField(name)})
 
 
-def build_request(request):
-    import numpy as np
-
-    from sidecar.assembly.builder import BuildRequest, ToolSpec
-
+def build_request(request) -> BuildRequest:
     for i, t in enumerate(request.tools):
         if not t.name:
             raise InvalidArgument(f"tools[{i}].name is required")
@@ -102,48 +99,16 @@ def build_request(request):
     )
 
 
-# Building a ContextItem from keyword arguments costs ~2 us; copying a prepared one ~0.6 us. Items
-# are immutable per (source, text), so each thread keeps prepared ones (per thread: the score is set
-# on the template just before it is copied into the response).
-_ITEM_TEMPLATE_LIMIT = 4096  # per thread; keyed by every field but the score, so never stale
-_local = threading.local()
-
-
-def _item_templates() -> dict[tuple, pb.ContextItem]:
-    cache = getattr(_local, "items", None)
-    if cache is None:
-        cache = _local.items = {}
-    return cache
-
-
-def build_response(result, render_mode: int) -> pb.BuildContextResponse:
-    from sidecar.assembly.render import render_chat, render_text
-
+def build_response_bytes(result, render_mode: int) -> bytes:
+    """The serialised BuildContextResponse: its small fields through protobuf, then the sections,
+    already wire bytes (fastpath.encode_section). Concatenated messages merge, so this is exactly
+    the response protobuf would have written, field order aside."""
     resp = pb.BuildContextResponse(
         hard_zone_tokens=result.hard_zone_tokens, soft_zone_tokens=result.soft_zone_tokens,
         total_tokens=result.total_tokens, total_budget=result.total_budget,
         stable_prefix_hash=result.stable_prefix_hash, stable_prefix_tokens=result.stable_prefix_tokens,
         knowledge_status=result.knowledge_status,
     )
-    templates = _item_templates()
-    for kind, items in result.sections:
-        if not items:
-            continue
-        section = resp.sections.add(kind=int(kind), tokens=sum(it.tokens for it in items))
-        out = []
-        for it in items:
-            key = (it.source, it.text, it.tokens, it.role, it.timestamp_ms)
-            msg = templates.get(key)
-            if msg is None:
-                msg = pb.ContextItem(source=it.source, category=it.category, tokens=it.tokens, text=it.text,
-                                     role=it.role, timestamp_ms=it.timestamp_ms,
-                                     source_message_ids=it.source_message_ids)
-                if len(templates) >= _ITEM_TEMPLATE_LIMIT:
-                    templates.clear()
-                templates[key] = msg
-            msg.score = it.score
-            out.append(msg)
-        section.items.extend(out)
     for u in result.usage:
         resp.usage.add(category=u.category, budget=u.budget, used=u.used, candidates=u.candidates,
                        selected=u.selected, flowed_in=u.flowed_in)
@@ -161,7 +126,12 @@ def build_response(result, render_mode: int) -> pb.BuildContextResponse:
     elif render_mode == pb.RENDER_MODE_CHAT:
         for role, content in render_chat(result):
             resp.chat_messages.add(role=role, content=content)
-    return resp
+    return resp.SerializeToString() + b"".join([p.wire() for p in result.packed if p.bodies])
+
+
+def build_response(result, render_mode: int) -> pb.BuildContextResponse:
+    """The response as a message, for in-process callers (the server sends the bytes)."""
+    return pb.BuildContextResponse.FromString(build_response_bytes(result, render_mode))
 
 
 def memory(m) -> pb.Memory:

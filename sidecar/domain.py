@@ -37,6 +37,17 @@ class Role(enum.IntEnum):
         return self.name.lower()
 
 
+class Category(enum.IntEnum):
+    """Budget categories of context items (proto Category numbers)."""
+
+    SYSTEM_AND_TOOLS = 1
+    SESSION_STATE = 2
+    RECENT_MESSAGES = 3
+    TOOL_OBSERVATIONS = 4
+    MEMORIES = 5
+    RAG_OR_GRAPH = 6
+
+
 class SessionStatus(enum.IntEnum):
     OPEN = 1
     CLOSED = 2

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import hmac
 import logging
 import signal
@@ -10,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -27,6 +29,7 @@ log = logging.getLogger("sidecar.server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ContextService"].full_name
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 MAX_IN_FLIGHT = 256
+GC_GEN0_THRESHOLD = 20_000  # default 700: a BuildContext alone allocates a few thousand objects
 # Probes and tooling answer without a token so that orchestrators can check liveness.
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
@@ -68,7 +71,7 @@ class GuardInterceptor(grpc.ServerInterceptor):
         if handler is None or handler.unary_unary is None or method.startswith(_OPEN_PREFIXES):
             return handler
         wrapped = grpc.unary_unary_rpc_method_handler(self._guard(method, handler), request_deserializer=None,
-                                                      response_serializer=handler.response_serializer)
+                                                      response_serializer=_passing_bytes(handler.response_serializer))
         self._wrapped[method] = wrapped
         return wrapped
 
@@ -131,6 +134,16 @@ class GuardInterceptor(grpc.ServerInterceptor):
         return False
 
 
+def _passing_bytes(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    """A handler may answer with bytes it serialised itself (BuildContext writes its items straight
+    to wire format); those go out unchanged."""
+
+    def serializer(response: Any) -> bytes:
+        return response if type(response) is bytes else serialize(response)
+
+    return serializer
+
+
 def build_server(app: Sidecar, *, listen: str | None, uds: str | None, auth_token: str | None = None,
                  max_workers: int = 16, rate_per_tenant: float = 0.0) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Returns the started-able server, the bound TCP port (0 for a Unix socket) and its health servicer."""
@@ -156,9 +169,19 @@ def build_server(app: Sidecar, *, listen: str | None, uds: str | None, auth_toke
     return server, (0 if uds else port), health_servicer
 
 
+def _settle_garbage_collector() -> None:
+    """What is loaded at start-up (indexes, caches, modules) lives as long as the process: freezing
+    it keeps the collector from rescanning it, and a larger first generation runs the collector less
+    often. Both cut BuildContext's tail latency; cycles are still collected."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
+
+
 def serve(db_path: str, *, listen: str | None, uds: str | None, auth_token: str | None,
           app_factory: Callable[[str], Sidecar] = Sidecar, metrics_port: int = 0, rate_per_tenant: float = 0.0) -> int:
     app = app_factory(db_path)
+    _settle_garbage_collector()
     server, port, health_servicer = build_server(app, listen=listen, uds=uds, auth_token=auth_token,
                                                  rate_per_tenant=rate_per_tenant)
     if metrics_port:

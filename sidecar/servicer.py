@@ -107,7 +107,7 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
     def BuildContext(self, request, context):
         result = self.app.builder.build(convert.scope(request), convert.build_request(request))
         metrics.observe_build(result)
-        return convert.build_response(result, request.render)
+        return convert.build_response_bytes(result, request.render)  # sent as is (see server.py)
 
     def CommitTurn(self, request, context):
         ids = self.app.turns.commit(convert.scope(request), request.session_id, list(request.message_ids))

@@ -41,3 +41,4 @@ class Budget:
 
 
 BUDGET_FIELDS = tuple(f.name for f in fields(Budget))
+DEFAULT_BUDGET = Budget()

@@ -108,8 +108,37 @@ class Dropped:
 
 
 @dataclass(slots=True)
+class PackedSection:
+    """A section ready for the wire: its items' ContextItem bytes (no score) and scores, in render
+    order. Item objects are built only when asked for (text rendering, in-process callers)."""
+
+    kind: Section
+    tokens: int
+    bodies: list[bytes]
+    scores: list[float]
+    build_items: Callable[[], list[Item]]
+    _items: list[Item] | None = None
+
+    @classmethod
+    def of_items(cls, kind: Section, items: list[Item]) -> PackedSection:
+        bodies = [fastpath.encode_item(it.source, it.category, it.tokens, it.text, it.role, it.timestamp_ms,
+                                       it.source_message_ids) for it in items]
+        return cls(kind, sum(it.tokens for it in items), bodies, [it.score for it in items], lambda: items, items)
+
+    @property
+    def items(self) -> list[Item]:
+        if self._items is None:
+            self._items = self.build_items()
+        return self._items
+
+    def wire(self) -> bytes:
+        """One BuildContextResponse.sections entry."""
+        return fastpath.encode_section(self.kind, self.bodies, self.scores, self.tokens)
+
+
+@dataclass(slots=True)
 class BuildResult:
-    sections: list[tuple[Section, list[Item]]]
+    packed: list[PackedSection]
     usage: list[Usage]
     hard_zone_tokens: int
     soft_zone_tokens: int
@@ -125,6 +154,10 @@ class BuildResult:
     @property
     def total_tokens(self) -> int:
         return self.hard_zone_tokens + self.soft_zone_tokens
+
+    @property
+    def sections(self) -> list[tuple[Section, list[Item]]]:
+        return [(p.kind, p.items) for p in self.packed]
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,14 +215,12 @@ class ContextBuilder:
         soft_sections, usage, dropped, drop_counts, soft_tokens = self._select(
             batches, budget, soft_total, req.min_score, max_dropped, clock)
 
-        sections = [(s, items) for s, items in hard if s != Section.QUERY]
-        sections += soft_sections
-        sections += [(s, items) for s, items in hard if s == Section.QUERY]
-        sections.sort(key=lambda pair: pair[0])
-        soft_tokens += sum(HEADER_TOKENS[s] for s, items in soft_sections if items)
+        packed = [PackedSection.of_items(s, items) for s, items in hard] + soft_sections
+        packed.sort(key=_kind)
+        soft_tokens += sum(HEADER_TOKENS[p.kind] for p in soft_sections if p.bodies)
         clock.lap("render")
         return BuildResult(
-            sections=sections, usage=usage, hard_zone_tokens=hard_tokens, soft_zone_tokens=soft_tokens,
+            packed=packed, usage=usage, hard_zone_tokens=hard_tokens, soft_zone_tokens=soft_tokens,
             total_budget=budget.total, dropped=dropped, drop_counts=drop_counts, stable_prefix_hash=prefix_hash,
             stable_prefix_tokens=prefix_tokens, knowledge_status=_knowledge_status(batches), timings=clock.laps,
             debug=req.debug)
@@ -233,7 +264,7 @@ class ContextBuilder:
     # ------------------------------------------------------------------ soft zone
     def _select(self, batches: list[CandidateBatch], budget: Budget, soft_total: int, min_score: float,
                 max_dropped: int, clock: _StageClock
-                ) -> tuple[list[tuple[Section, list[Item]]], list[Usage], list[Dropped], dict[int, int], int]:
+                ) -> tuple[list[PackedSection], list[Usage], list[Dropped], dict[int, int], int]:
         live = [b for b in batches if len(b)]
         for b in live:
             if b.exact_keys is None:  # sources that did not precompute their keys
@@ -258,54 +289,103 @@ class ContextBuilder:
         clock.lap("select")
 
         starts = np.asarray(offsets[:-1], np.int64)
-
-        def owners(indices: np.ndarray) -> zip:
-            """(global index, batch, index inside the batch) for each index, located in one numpy call."""
-            k = np.searchsorted(starts, indices, side="right") - 1
-            return zip(indices.tolist(), [live[x] for x in k.tolist()], (indices - starts[k]).tolist(), strict=True)
-
-        by_section: dict[Section, list[Item]] = {s: [] for s in SOFT_SECTIONS}
-        scores = sel.scores.tolist()
-        token_list = tokens.tolist()
-        wires = {b.category: b.category.wire for b in live}
-        for i, b, j in owners(sel.selected_in_order):
-            role, ts, order_key, message_ids = b.meta(j) if b.meta else (0, 0, None, ())
-            by_section[b.section].append(Item(
-                b.sources[j], wires[b.category], scores[i], token_list[i], b.texts[j], role, ts, message_ids,
-                -scores[i] if order_key is None else order_key))
-        for items in by_section.values():
-            items.sort(key=_order_key)
-
-        # Drops: every one is counted; the most relevant are listed (the long tail is usually noise).
-        status = sel.status
-        not_selected = np.flatnonzero(status != fastpath.SELECTED)
-        counts: dict[int, int] = {}
-        for code, n in zip(*np.unique(status[not_selected], return_counts=True), strict=True):
-            counts[_STATUS_TO_DROP[int(code)]] = int(n)
-        listed = not_selected[np.argsort(-sel.scores[not_selected], kind="stable")[:max_dropped]]
-        dup_of = sel.dup_of[listed].tolist()
-        reasons = [_STATUS_TO_DROP[s] for s in status[listed].tolist()]
-        kept_by = {}
-        winners = [d for d in dup_of if d >= 0]
-        if winners:
-            kept_by = {i: b.sources[j] for i, b, j in owners(np.asarray(winners, np.int64))}
-        dropped = [Dropped(b.sources[j], wires[b.category], reason, scores[i], token_list[i], kept_by.get(d, ""))
-                   for (i, b, j), reason, d in zip(owners(listed), reasons, dup_of, strict=True)]
-        for b in batches:
-            for d in b.dropped:
-                counts[d.reason] = counts.get(d.reason, 0) + 1
-                if len(dropped) < max_dropped:
-                    dropped.append(Dropped(d.source, d.category.wire, d.reason, 0.0, d.tokens, d.kept_source))
+        soft_sections = _pack_sections(live, sel, starts, tokens)
+        dropped, counts = _drops(live, batches, sel, starts, tokens, max_dropped)
         n_cat = len(SoftCategory)
         considered = np.bincount(category, minlength=n_cat)
         picked = np.bincount(category[sel.selected_in_order], minlength=n_cat)
         usage = [Usage(c.wire, int(sel.effective_budget[c]), int(sel.used[c]), int(considered[c]), int(picked[c]),
                        int(sel.flowed_in[c])) for c in SoftCategory]
-        return list(by_section.items()), usage, dropped, counts, int(sel.used.sum())
+        return soft_sections, usage, dropped, counts, int(sel.used.sum())
 
 
-def _order_key(item: Item) -> float:
-    return item.order_key
+# (order key, score, tokens, wire body, batch, index in the batch) of one packed soft item.
+_Entry = tuple[float, float, int, bytes, CandidateBatch, int]
+
+
+def _owners(starts: np.ndarray, indices: np.ndarray) -> tuple[list[int], list[int], list[int]]:
+    """(global indices, batch numbers, indices inside the batch), located in one numpy call."""
+    k = np.searchsorted(starts, indices, side="right") - 1
+    return indices.tolist(), k.tolist(), (indices - starts[k]).tolist()
+
+
+def _pack_sections(live: list[CandidateBatch], sel: fastpath.Selection, starts: np.ndarray,
+                   tokens: np.ndarray) -> list[PackedSection]:
+    """Packed items straight to wire bytes, each section in render order. This loop runs for every
+    packed item, so everything per batch (enum lookups, order keys) is looked up before it."""
+    picked = sel.selected_in_order
+    fast = [b.bodies is not None and b.order is not None for b in live]
+    # Order keys of the batches that bring their own, NaN elsewhere (those order best score first).
+    keys_all = np.concatenate([np.asarray(b.order, np.float64) if f else np.full(len(b), np.nan)
+                               for b, f in zip(live, fast, strict=True)]) if live else np.zeros(0)
+    keys = keys_all[picked].tolist()
+    scores = sel.scores[picked].tolist()
+    token_list = tokens[picked].tolist()
+    slot = {s: n for n, s in enumerate(SOFT_SECTIONS)}
+    per_batch = [(slot[b.section], b.category.wire, b.bodies if f else None, b.meta, b.sources, b.texts)
+                 for b, f in zip(live, fast, strict=True)]
+    buckets: list[list[_Entry]] = [[] for _ in SOFT_SECTIONS]
+    encode = fastpath.encode_item
+    for n, (_, k, j) in enumerate(zip(*_owners(starts, picked), strict=True)):
+        section, wire, bodies, meta, sources, texts = per_batch[k]
+        score, item_tokens = scores[n], token_list[n]
+        if bodies is not None:
+            key, body = keys[n], bodies[j]
+        else:
+            role, ts, order_key, message_ids = meta(j) if meta else (0, 0, None, ())
+            key = -score if order_key is None else order_key
+            body = encode(sources[j], wire, item_tokens, texts[j], role, ts, message_ids)
+        buckets[section].append((key, score, item_tokens, body, live[k], j))
+    return [_packed_from_entries(section, entries) for section, entries in zip(SOFT_SECTIONS, buckets, strict=True)]
+
+
+def _drops(live: list[CandidateBatch], batches: list[CandidateBatch], sel: fastpath.Selection, starts: np.ndarray,
+           tokens: np.ndarray, max_dropped: int) -> tuple[list[Dropped], dict[int, int]]:
+    """Every drop is counted; the highest-scored are listed (the long tail is usually noise)."""
+    status = sel.status
+    not_selected = np.flatnonzero(status != fastpath.SELECTED)
+    by_code = np.bincount(status[not_selected], minlength=len(_STATUS_TO_DROP) + 1).tolist()
+    counts = {reason: by_code[code] for code, reason in _STATUS_TO_DROP.items() if by_code[code]}
+    listed = not_selected[np.argsort(-sel.scores[not_selected], kind="stable")[:max_dropped]]
+    dup_of = sel.dup_of[listed].tolist()
+    reasons = [_STATUS_TO_DROP[s] for s in status[listed].tolist()]
+    kept_by = {}
+    winners = [d for d in dup_of if d >= 0]
+    if winners:
+        kept_by = {i: live[k].sources[j] for i, k, j in zip(*_owners(starts, np.asarray(winners, np.int64)),
+                                                             strict=True)}
+    scores, token_list = sel.scores[listed].tolist(), tokens[listed].tolist()
+    dropped = [Dropped(live[k].sources[j], live[k].category.wire, reason, score, item_tokens, kept_by.get(d, ""))
+               for (_, k, j), reason, d, score, item_tokens
+               in zip(zip(*_owners(starts, listed), strict=True), reasons, dup_of, scores, token_list, strict=True)]
+    for b in batches:
+        for d in b.dropped:
+            counts[d.reason] = counts.get(d.reason, 0) + 1
+            if len(dropped) < max_dropped:
+                dropped.append(Dropped(d.source, d.category.wire, d.reason, 0.0, d.tokens, d.kept_source))
+    return dropped, counts
+
+
+def _packed_from_entries(section: Section, entries: list[_Entry]) -> PackedSection:
+    entries.sort(key=_first)
+
+    def items() -> list[Item]:
+        out = []
+        for key, score, tokens, _, b, j in entries:
+            role, ts, _, message_ids = b.meta(j) if b.meta else (0, 0, None, ())
+            out.append(Item(b.sources[j], b.category.wire, score, tokens, b.texts[j], role, ts, message_ids, key))
+        return out
+
+    return PackedSection(section, sum(e[2] for e in entries), [e[3] for e in entries], [e[1] for e in entries],
+                         items)
+
+
+def _first(entry: _Entry) -> float:
+    return entry[0]
+
+
+def _kind(section: PackedSection) -> Section:
+    return section.kind
 
 
 def _knowledge_status(batches: list[CandidateBatch]) -> int:

@@ -89,6 +89,11 @@ class CandidateBatch:
     # Per-item metadata, asked only for the items that are packed: (proto Role or 0, timestamp_ms,
     # order key inside the section or None for best-score-first, message ids the item stands for).
     meta: Callable[[int], ItemMeta] | None = None
+    # Fast path for sources that keep them precomputed (recent messages): the order key of each
+    # candidate inside its section, and its ContextItem wire bytes (fastpath.encode_item, no score).
+    # When both are set the builder never calls meta for a packed item.
+    order: Sequence[float] | np.ndarray | None = None
+    bodies: Sequence[bytes] | None = None
     exact_keys: np.ndarray | None = None  # uint64; computed by the builder when None
     simhashes: np.ndarray | None = None
     # Optional per-candidate embeddings and term sets, for cross-source rules (see knowledge.source).
@@ -105,16 +110,19 @@ class CandidateBatch:
         """Take candidates out before selection (a source-level decision, e.g. a conflict)."""
         if not indices:
             return
-        keep = [i for i in range(len(self)) if i not in indices]
-        for name in ("texts", "sources", "tokens", "relevance", "age_s", "priority"):
+        mask = np.ones(len(self), bool)
+        mask[list(indices)] = False
+        keep_at = np.flatnonzero(mask)
+        keep = keep_at.tolist()
+        for name in ("texts", "sources", "tokens", "relevance", "age_s", "priority", "order", "bodies",
+                     "term_sets", "exact_keys", "simhashes", "vectors"):
             seq = getattr(self, name)
-            setattr(self, name, [seq[i] for i in keep])
-        if self.term_sets is not None:
-            self.term_sets = [self.term_sets[i] for i in keep]
-        for name in ("exact_keys", "simhashes", "vectors"):
-            arr = getattr(self, name)
-            if arr is not None:
-                setattr(self, name, arr[keep])
+            if seq is None:
+                continue
+            if isinstance(seq, np.ndarray):
+                setattr(self, name, seq[keep_at])
+            else:
+                setattr(self, name, [seq[i] for i in keep])
         if self.meta is not None:
             old = self.meta
             self.meta = lambda j: old(keep[j])

@@ -107,27 +107,26 @@ def knowledge_beats_memory(knowledge: KnowledgeService):
         memories = [b for b in batches if b.category == SoftCategory.MEMORIES and len(b)]
         if not kb or not memories:
             return
-        refs = [(b, i) for b in kb for i, s in enumerate(b.sources) if s.startswith("kb:")][:CONFLICT_MAX_CHUNKS]
+        refs = _first_chunks(kb)
         if not refs:
             return
         kb_vecs = _vectors_of(knowledge, refs)
-        kb_terms: list[frozenset[str] | None] = [None] * len(refs)
+        vocab, kb_bits = _term_matrix([_terms_of(b, i) for b, i in refs])
         for mb in memories:
-            mine = [j for j, s in enumerate(mb.sources) if s.startswith("memory:")]
-            mine = sorted(mine, key=lambda j: -mb.relevance[j])[:CONFLICT_MAX_MEMORIES]
+            mine = _top_memories(mb)
             if not mine:
                 continue
             sims = _vectors_of(knowledge, [(mb, j) for j in mine]) @ kb_vecs.T
-            # Term containment, scaled so CONFLICT_CONTAINMENT counts like CONFLICT_COSINE; only for
-            # pairs already somewhat close (the rest cannot be on the same subject).
-            contained = np.zeros_like(sims)
-            for row, c in zip(*np.nonzero(sims >= CONTAINMENT_FLOOR), strict=True):
-                mterms = _terms_of(mb, mine[row])
-                if kb_terms[c] is None:
-                    kb_terms[c] = _terms_of(*refs[c])
-                shared = len(mterms & kb_terms[c])
-                if mterms and shared >= CONFLICT_MIN_SHARED:
-                    contained[row, c] = shared / len(mterms)
+            # Term containment (share of the memory's terms found in the chunk), scaled so that
+            # CONFLICT_CONTAINMENT counts like CONFLICT_COSINE; only for pairs already somewhat close
+            # (the rest cannot be on the same subject). Shared terms of all pairs in one product.
+            mine_terms = [_terms_of(mb, j) for j in mine]
+            mine_bits = np.zeros((len(mine), kb_bits.shape[0]), np.float32)
+            for row, held in enumerate(mine_terms):
+                mine_bits[row, [vocab[t] for t in held if t in vocab]] = 1.0
+            shared = mine_bits @ kb_bits
+            sizes = np.array([max(len(t), 1) for t in mine_terms], np.float32)[:, None]
+            contained = np.where((sims >= CONTAINMENT_FLOOR) & (shared >= CONFLICT_MIN_SHARED), shared / sizes, 0.0)
             scores = np.maximum(sims, contained * (CONFLICT_COSINE / CONFLICT_CONTAINMENT))
             best = scores.argmax(axis=1)
             out = set()
@@ -142,6 +141,42 @@ def knowledge_beats_memory(knowledge: KnowledgeService):
             mb.remove(out)
 
     return resolve
+
+
+def _term_matrix(term_sets: list[frozenset[str]]) -> tuple[dict[str, int], np.ndarray]:
+    """A vocabulary of the sets' terms and the 0/1 matrix (term x set) of which set holds which."""
+    vocab: dict[str, int] = {}
+    for held in term_sets:
+        for t in held:
+            vocab.setdefault(t, len(vocab))
+    bits = np.zeros((len(vocab), len(term_sets)), np.float32)
+    for col, held in enumerate(term_sets):
+        bits[[vocab[t] for t in held], col] = 1.0
+    return vocab, bits
+
+
+def _first_chunks(kb: list[CandidateBatch]) -> list[tuple[CandidateBatch, int]]:
+    """The first CONFLICT_MAX_CHUNKS knowledge chunks (graph facts are not statements to conflict with)."""
+    refs = []
+    for b in kb:
+        for i, source in enumerate(b.sources):
+            if source.startswith("kb:"):
+                refs.append((b, i))
+                if len(refs) == CONFLICT_MAX_CHUNKS:
+                    return refs
+    return refs
+
+
+def _top_memories(mb: CandidateBatch) -> list[int]:
+    """The CONFLICT_MAX_MEMORIES most relevant stored memories of a batch (recalled turns are not
+    memories: they are what was said, not a claim)."""
+    out = []
+    for j in np.argsort(-np.asarray(mb.relevance, np.float64), kind="stable").tolist():
+        if mb.sources[j].startswith("memory:"):
+            out.append(j)
+            if len(out) == CONFLICT_MAX_MEMORIES:
+                break
+    return out
 
 
 def _body(text: str) -> str:

@@ -17,6 +17,7 @@ import numpy as np
 
 import fastpath
 from sidecar.domain import (
+    Category,
     Fact,
     FactChange,
     FactStatus,
@@ -35,6 +36,7 @@ from sidecar.text import term_set
 MAX_CACHED_MESSAGES = 4096
 MAX_CACHED_SESSIONS = 20_000
 MAX_CACHED_TOOL_RESULTS = 20
+MESSAGE_LINE_EXTRA = 1  # the newline that separates a message line from the next one in a prompt
 
 
 @dataclass(slots=True)
@@ -47,6 +49,11 @@ class SessionView:
     lines: list[str] = field(default_factory=list)  # "role: text" as rendered in a prompt
     sources: list[str] = field(default_factory=list)  # "message:<id>"
     line_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    seqs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # Each line as a ContextItem on the wire (fastpath.encode_item), so a packed message costs a
+    # list lookup, not an encoding. Its tokens count the newline after the line, as the message
+    # source does (MESSAGE_LINE_EXTRA).
+    item_bodies: list[bytes] = field(default_factory=list)
     exact_keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     simhashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     terms: list[frozenset[str]] = field(default_factory=list)
@@ -68,16 +75,23 @@ class SessionView:
         exact, sim = fastpath.text_keys(lines)
         self.messages.extend(new)
         self.lines.extend(lines)
-        self.sources.extend(f"message:{m.message_id}" for m in new)
+        sources = [f"message:{m.message_id}" for m in new]
+        self.sources.extend(sources)
         self.line_tokens = np.concatenate([self.line_tokens, np.fromiter((m.line_tokens for m in new), np.int32)])
+        self.seqs = np.concatenate([self.seqs, np.fromiter((m.seq for m in new), np.int64)])
+        self.item_bodies.extend(
+            fastpath.encode_item(src, Category.RECENT_MESSAGES, m.line_tokens + MESSAGE_LINE_EXTRA, line, m.role,
+                                 m.timestamp_ms, (m.message_id,))
+            for src, m, line in zip(sources, new, lines, strict=True))
         self.exact_keys = np.concatenate([self.exact_keys, exact])
         self.simhashes = np.concatenate([self.simhashes, sim])
         self.terms.extend(term_set(m.text) for m in new)
         if len(self.messages) > MAX_CACHED_MESSAGES:
             cut = len(self.messages) - MAX_CACHED_MESSAGES
-            for seq in (self.messages, self.lines, self.sources, self.terms):
+            for seq in (self.messages, self.lines, self.sources, self.terms, self.item_bodies):
                 del seq[:cut]
             self.line_tokens = self.line_tokens[cut:]
+            self.seqs = self.seqs[cut:]
             self.exact_keys = self.exact_keys[cut:]
             self.simhashes = self.simhashes[cut:]
         self.session.message_count = self.messages[-1].seq
