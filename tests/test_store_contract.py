@@ -691,3 +691,26 @@ def test_both_backends_implement_the_whole_protocol():
             ours = list(inspect.signature(getattr(Store, n)).parameters)
             theirs = list(inspect.signature(getattr(backend, n)).parameters)
             assert ours == theirs, (backend.__name__, n, ours, theirs)
+
+
+def test_session_cache_is_bounded_by_messages(tmp_path, scope, monkeypatch):
+    """Views are evicted least recently used first once they hold too many messages together; an
+    evicted session reads back whole from the database."""
+    from sidecar.store import cache
+    from sidecar.store.cache import CachingStore
+
+    monkeypatch.setattr(cache, "MAX_CACHED_VIEW_MESSAGES", 25)
+    store = CachingStore(DuckDBStore(str(tmp_path / "c.duckdb")))
+    try:
+        for n in range(6):
+            sid = f"s{n}"
+            new_session(store, scope, sid)
+            store.append_messages(scope, sid, msgs(*[f"m{n}-{i}" for i in range(10)]), counts(10), 2000)
+            assert store.cached_view_messages <= 25
+        assert store.cached_view_messages == sum(len(v.messages) for v in store._views.values())
+        assert store._cached(scope, "s0") is None  # the oldest went first
+        assert [m.text for m in store.list_messages(scope, "s0")] == [f"m0-{i}" for i in range(10)]
+        store.append_messages(scope, "s0", msgs("later"), counts(1), 3000)
+        assert store.list_messages(scope, "s0")[-1].text == "later" and store.cached_view_messages <= 25
+    finally:
+        store.close()

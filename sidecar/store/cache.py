@@ -35,6 +35,9 @@ from sidecar.text import term_set
 
 MAX_CACHED_MESSAGES = 4096
 MAX_CACHED_SESSIONS = 20_000
+# Messages held by all cached views together: what keeps the cache's memory bounded when sessions
+# pile up (least recently used views go first; an evicted view is reloaded on its next read).
+MAX_CACHED_VIEW_MESSAGES = 100_000
 MAX_CACHED_TOOL_RESULTS = 20
 MESSAGE_LINE_EXTRA = 1  # the newline that separates a message line from the next one in a prompt
 
@@ -115,6 +118,7 @@ class CachingStore:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
         self._views: OrderedDict[tuple[str, str, str], SessionView] = OrderedDict()
+        self._view_messages = 0  # sum of len(view.messages) over the cached views
         self._lock = threading.RLock()
         # Called after every committed append with (scope, session_id, new messages): derived
         # indexes (episodic recall) stay current without polling the database.
@@ -146,9 +150,25 @@ class CachingStore:
                 view.notes.setdefault(note.run_id, []).append(note)
             view.subsession_results = self.backend.list_subsession_results(scope, session_id)
             self._views[key] = view
-            if len(self._views) > MAX_CACHED_SESSIONS:
-                self._views.popitem(last=False)
+            self._view_messages += len(view.messages)
+            self._trim()
             return view
+
+    def _trim(self) -> None:
+        # The newest view always stays, however big: the call that loaded it is using it.
+        while len(self._views) > 1 and (len(self._views) > MAX_CACHED_SESSIONS
+                                        or self._view_messages > MAX_CACHED_VIEW_MESSAGES):
+            _, old = self._views.popitem(last=False)
+            self._view_messages -= len(old.messages)
+
+    def _drop_view(self, key: tuple[str, str, str]) -> None:
+        view = self._views.pop(key, None)
+        if view is not None:
+            self._view_messages -= len(view.messages)
+
+    @property
+    def cached_view_messages(self) -> int:
+        return self._view_messages
 
     def get_session(self, scope: Scope, session_id: str) -> Session | None:
         view = self.session_view(scope, session_id)
@@ -181,7 +201,7 @@ class CachingStore:
     def close_session(self, scope: Scope, session_id: str, at_ms: int) -> None:
         with self._lock:
             self.backend.close_session(scope, session_id, at_ms)
-            self._views.pop((scope.tenant_id, scope.user_id, session_id), None)
+            self._drop_view((scope.tenant_id, scope.user_id, session_id))
 
     def append_messages(self, scope: Scope, session_id: str, messages: Sequence[NewMessage],
                         token_counts: Sequence[tuple[int, int]], now_ms: int,
@@ -195,8 +215,11 @@ class CachingStore:
             if view is not None:
                 last = view.messages[-1].seq if view.messages else 0
                 fresh = [m for m in stored if m.seq > last]
+                before = len(view.messages)
                 view.add_messages(fresh)
                 view.session.updated_at_ms = now_ms
+                self._view_messages += len(view.messages) - before
+                self._trim()
             for listener in self.append_listeners:
                 listener(scope, session_id, fresh)
             return stored
@@ -241,7 +264,7 @@ class CachingStore:
     def add_subsession_result(self, scope: Scope, result: SubSessionResult, close_child_at_ms: int) -> None:
         with self._lock:
             self.backend.add_subsession_result(scope, result, close_child_at_ms)
-            self._views.pop((scope.tenant_id, scope.user_id, result.child_session_id), None)
+            self._drop_view((scope.tenant_id, scope.user_id, result.child_session_id))
             view = self._cached(scope, result.parent_session_id)
             if view is not None:
                 view.subsession_results.append(result)
@@ -249,9 +272,9 @@ class CachingStore:
     def evict_session(self, scope: Scope, session_id: str) -> None:
         """Forget a cached view (another replica changed the session); the next read reloads it."""
         with self._lock:
-            self._views.pop((scope.tenant_id, scope.user_id, session_id), None)
+            self._drop_view((scope.tenant_id, scope.user_id, session_id))
 
     def evict_user(self, scope: Scope) -> None:
         with self._lock:
             for key in [k for k in self._views if k[0] == scope.tenant_id and k[1] == scope.user_id]:
-                del self._views[key]
+                self._drop_view(key)
