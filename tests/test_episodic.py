@@ -142,6 +142,24 @@ def test_index_is_rebuilt_from_rows(running, user):
     assert running.source.indexed(scope) == len(OLD)
 
 
+def test_index_memory_is_bounded(running, user, monkeypatch):
+    """A user's index keeps their newest turns once it passes its cap; all users together stay under
+    the total (least recently used evicted, rebuilt from rows when they come back)."""
+    src = running.source
+    monkeypatch.setattr(src, "max_turns_per_user", 8)
+    monkeypatch.setattr(src, "max_total_turns", 12)
+    scope = Scope(user.tenant_id, user.user_id)
+    turns = [("Ann", f"note number {i} about topic{i}") for i in range(11)]
+    _, ids = session(running.stub, user, turns)
+    assert 6 <= src.indexed(scope) <= 8  # compacted to the newest three quarters, then grew again
+    sid, _ = session(running.stub, user, [])
+    recalled = [it.source for it in build(running.stub, user, sid, "note number topic10")]
+    assert f"message:{ids[10]}" in recalled and f"message:{ids[0]}" not in recalled
+    other = pb.Scope(tenant_id=user.tenant_id, user_id=user.user_id + "-b")
+    session(running.stub, other, turns[:8])
+    assert src.indexed_total() <= 12 and src.indexed(Scope(other.tenant_id, other.user_id)) == 8
+
+
 def test_concepts_expand_category_words(running, user):
     _, ids = session(running.stub, user, [("Ann", "We took the kids camping by the lake."),
                                           ("Bob", "Nice! The weather was good?"),

@@ -33,6 +33,11 @@ from sidecar.tokens import count_many
 
 INDEXED_ROLES = (Role.USER, Role.ASSISTANT)  # tool output and system text are not conversation memory
 MAX_USERS = 2048  # users kept in memory; an evicted one is rebuilt from rows on its next call
+# Memory bounds. A user's index holds their newest MAX_TURNS_PER_USER turns: past that it is rebuilt
+# from the newest three quarters (older turns live on in extracted memories and summaries). All
+# users together hold at most MAX_TOTAL_TURNS; the least recently used go first.
+MAX_TURNS_PER_USER = 4096
+MAX_TOTAL_TURNS = 262_144
 BM25_K1, BM25_B = 1.2, 0.75
 
 
@@ -482,13 +487,16 @@ class EpisodicSource:
     name = "episodic"
 
     def __init__(self, store, embedder: Embedder | None = None, *, ranking: Ranking = DEFAULT_RANKING,
-                 dim: int = 256, max_users: int = MAX_USERS) -> None:
+                 dim: int = 256, max_users: int = MAX_USERS, max_turns_per_user: int = MAX_TURNS_PER_USER,
+                 max_total_turns: int = MAX_TOTAL_TURNS) -> None:
         self.store = store
         # None: the compiled hashed embedding; a model embedder for the optional model profile.
         self.embedder = embedder
         self.dim = embedder.dim if embedder is not None else dim
         self.ranking = ranking
         self.max_users = max_users
+        self.max_turns_per_user = max(max_turns_per_user, 4)
+        self.max_total_turns = max(max_total_turns, self.max_turns_per_user)
         self._users: OrderedDict[tuple[str, str], _UserIndex] = OrderedDict()
         self._lock = threading.RLock()
 
@@ -503,8 +511,10 @@ class EpisodicSource:
             state = self._users.get(key)
             if state is None:
                 self._load(scope)
+            elif state.add(messages, self.embedder, self.ranking.stem) and len(state) > self.max_turns_per_user:
+                self._load(scope)  # compacted to the newest turns; amortised over a quarter of the cap
             else:
-                state.add(messages, self.embedder, self.ranking.stem)
+                self._bound(key)
 
     def forget(self, scope: Scope) -> dict[str, int]:
         """ForgetUser hook: drop the user's index (their rows are deleted by the store)."""
@@ -520,11 +530,28 @@ class EpisodicSource:
     def _load(self, scope: Scope) -> _UserIndex:
         key = (scope.tenant_id, scope.user_id)
         state = _UserIndex(dim=self.dim, window=max(self.ranking.neighbours, 1), dated=not self.ranking.date_headers)
-        state.add(self._rows(scope), self.embedder, self.ranking.stem)
+        rows = self._rows(scope)
+        if len(rows) > self.max_turns_per_user:
+            rows = rows[-(self.max_turns_per_user * 3 // 4):]
+        state.add(rows, self.embedder, self.ranking.stem)
+        self._users.pop(key, None)
         self._users[key] = state
-        while len(self._users) > self.max_users:
-            self._users.popitem(last=False)
+        self._bound(key)
         return state
+
+    def _bound(self, keep: tuple[str, str]) -> None:
+        """Evict least recently used users past MAX_USERS or MAX_TOTAL_TURNS (never `keep`)."""
+        total = sum(len(s) for s in self._users.values())
+        while len(self._users) > 1 and (len(self._users) > self.max_users or total > self.max_total_turns):
+            victim = next(iter(self._users))
+            if victim == keep:
+                self._users.move_to_end(victim)
+                victim = next(iter(self._users))
+            total -= len(self._users.pop(victim))
+
+    def indexed_total(self) -> int:
+        with self._lock:
+            return sum(len(s) for s in self._users.values())
 
     def _rows(self, scope: Scope) -> list[Message]:
         # Sessions in creation order, turns in sequence order, so neighbours are conversational.
