@@ -314,6 +314,105 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
     }
 
 
+# ---------------------------------------------------------------------------------------- offline
+def offline_app(cache: Path, convs: Sequence[Conversation], profile: str = "default", log=print):
+    """(app, message_id -> dia_id per conversation): an in-process sidecar whose database was replayed
+    once through gRPC (CommitTurn per turn, as evaluate() does) and kept under `cache`, so ranking
+    knobs can be compared in seconds by calling the builder directly (offline_evaluate)."""
+    import grpc
+
+    from sidecar.api import context_service_pb2_grpc as pb_grpc
+    from sidecar.server import build_server
+
+    cache.mkdir(parents=True, exist_ok=True)
+    db, maps_path = cache / f"recall-{profile}.duckdb", cache / f"recall-{profile}.maps.json"
+    fresh = not maps_path.exists()
+    if fresh:
+        for p in cache.glob(f"recall-{profile}.*"):
+            p.unlink() if p.is_file() else None
+    app = make_app(str(db), profile)
+    if not fresh:
+        maps = {int(k): v for k, v in json.loads(maps_path.read_text()).items()}
+        return app, maps
+    server, port, _ = build_server(app, listen="127.0.0.1:0", uds=None, auth_token=None)
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = pb_grpc.ContextServiceStub(channel)
+    maps = {}
+    try:
+        for conv in convs:
+            t0 = time.perf_counter()
+            maps[conv.index] = ingest(stub, conv)
+            wait_jobs(stub, conv)
+            stub.CreateSession(pb.CreateSessionRequest(scope=user_of(conv), session_id="eval"))
+            log(f"conv {conv.index} ingested in {time.perf_counter() - t0:.1f}s")
+    finally:
+        channel.close()
+        server.stop(grace=1).wait()
+    maps_path.write_text(json.dumps(maps))
+    return app, maps
+
+
+def parse_ranking(spec: str):
+    """"neighbours=3,stem=false" -> DEFAULT_RANKING with those knobs replaced."""
+    import dataclasses
+
+    kinds = {f.name: type(getattr(DEFAULT_RANKING, f.name)) for f in dataclasses.fields(DEFAULT_RANKING)}
+    changes = {}
+    for part in filter(None, spec.split(",")):
+        name, _, value = part.partition("=")
+        kind = kinds[name.strip()]
+        changes[name.strip()] = value.strip().lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    return dataclasses.replace(DEFAULT_RANKING, **changes)
+
+
+def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[str, str]],
+                     budgets: Sequence[int] = BUDGETS, ranking=None) -> dict:
+    """The metric of evaluate() with BuildContext called in process (no gRPC), for tuning; `ranking`
+    (a Ranking) replaces the episodic source's knobs and its indexes are rebuilt from rows."""
+    from sidecar.assembly.budget import Budget
+    from sidecar.assembly.builder import BuildRequest
+    from sidecar.domain import Scope
+
+    source = app.episodic
+    if ranking is not None and ranking != source.ranking:
+        source.ranking = ranking
+        source._users.clear()
+    ours = Tally()
+    by_cat = {c: Tally() for c in CATEGORIES}
+    by_half = {"conv_1_5": Tally(), "conv_6_10": Tally()}
+    spent: list[float] = []
+    for conv in convs:
+        scope = Scope(TENANT, f"conv-{conv.index}")
+        by_message = maps[conv.index]
+        half = by_half["conv_1_5" if conv.index <= 5 else "conv_6_10"]
+        source.search(scope, "warm up", "eval", 1)  # the index build is not a query's cost
+        for q in conv.questions:
+            for tally in (ours, by_cat[q.category], half):
+                tally.n += 1
+            hard = count_tokens(q.text)
+            for b in budgets:
+                budget = Budget(max_input=b + hard + SOFT_HEADER_RESERVE, reserved_for_output=0, system_and_tools=0,
+                                session_state=0, recent_messages=0, memories=b, rag_or_graph=0,
+                                tool_observations=0, flow_unused=True)
+                t = time.perf_counter()
+                result = app.builder.build(scope, BuildRequest(session_id="eval", query=q.text, budget=budget))
+                spent.append(time.perf_counter() - t)
+                present = set()
+                for section in result.packed:
+                    for it in section.build_items():
+                        if it.source.startswith("message:"):
+                            present.add(by_message.get(it.source[8:], ""))
+                        present |= {by_message.get(m, "") for m in it.source_message_ids}
+                for tally in (ours, by_cat[q.category], half):
+                    tally.add(b, q.evidence, present)
+    recall, complete = ours.figures(budgets)
+    return {"questions": ours.n, "recall": recall, "all_evidence": complete,
+            "by_category": {str(c): by_cat[c].figures(budgets)[0] for c in CATEGORIES if by_cat[c].n},
+            "halves": {k: t.figures(budgets)[0] for k, t in by_half.items() if t.n},
+            "build_ms": percentiles(spent) if spent else {}}
+
+
 # ---------------------------------------------------------------------------------------- server
 def make_app(db_path: str, profile: str = "default"):
     from sidecar.app import Settings, Sidecar
@@ -383,6 +482,9 @@ def main() -> None:
     parser.add_argument("--profile", choices=("default", "model"), default="default")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--commit", choices=("turn", "session"), default="turn")
+    parser.add_argument("--offline", metavar="CACHE_DIR",
+                        help="tuning: replay once into CACHE_DIR, then call BuildContext in process (no results written)")
+    parser.add_argument("--ranking", default="", help="with --offline: episodic knobs, e.g. neighbours=3,dense_weight=0.1")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--db")
     parser.add_argument("--listen")
@@ -403,6 +505,14 @@ def main() -> None:
         convs, budgets = convs[:2], (2000, 4000)
     if args.limit:
         convs = convs[: args.limit]
+    if args.offline:
+        app, maps = offline_app(Path(args.offline), convs, args.profile)
+        try:
+            figures = offline_evaluate(app, convs, maps, budgets, parse_ranking(args.ranking))
+        finally:
+            app.close()
+        emit(figures)
+        return
     server = ServerProcess(command=[sys.executable, __file__, "--serve", "--profile", args.profile])
     try:
         figures = evaluate(server.stub, convs, budgets, commit=args.commit)

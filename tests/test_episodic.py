@@ -206,7 +206,119 @@ def test_sparse_window_bm25_matches_the_dense_form():
 def test_stemming():
     assert stem("painting") == stem("painted") == stem("paints") == "paint"
     assert stem("hobbies") == "hobby"
-    assert terms("Running to the games!") == ["run", "game"]
+    assert terms("Running to the games!") == ["run", "gam"]
+    # A final "e" goes, so the bare verb meets its -ing/-ed/-er forms.
+    assert stem("hike") == stem("hiking") == stem("hiked") == stem("hikes")
+    assert stem("dance") == stem("dancing") == stem("dancer") == stem("dancers")
+    assert stem("family") == stem("families") == "family"  # "-ily" is not an adverb's "-ly"
+    assert stem("went") == stem("going") == stem("go") and stem("kids") == stem("kid")
+    assert stem("adoption") == stem("adopted") == "adopt" and stem("discussion") == "discuss"
+    assert stem("onion") == "onion" and stem("region") == "region"
+    assert stem("mentorship") == stem("mentoring") == "mentor" and stem("artist") == stem("art")
+    assert stem("free") == "free"
+
+
+def test_query_dates_and_days():
+    import datetime as dt
+
+    from sidecar.memory.episodic import query_dates, query_days
+
+    assert query_days("What dish did Nate make on 9 November, 2022?") == {dt.date(2022, 11, 9)}
+    assert query_dates("What dish did Nate make on 9 November, 2022?") == ({(2022, 11)}, set())
+    assert query_days("What did she share on October 13, 2023?") == {dt.date(2023, 10, 13)}
+    assert query_dates("What did she share on October 13, 2023?") == ({(2023, 10)}, set())
+    assert query_days("Where was he between August 11 and August 15 2023?") == {dt.date(2023, 8, 11),
+                                                                                  dt.date(2023, 8, 15)}
+    assert query_days("the 13th of May 2023") == {dt.date(2023, 5, 13)}
+    assert query_dates("in May, 2022") == ({(2022, 5)}, set())  # the comma no longer hides the year
+    assert query_dates("What did they do in 2022?") == (set(), {2022})
+    assert query_dates("I may go on 3 walks") == (set(), set()) and not query_days("I may go on 3 walks")
+    assert not query_days("on 31 February 2023")  # not a day: ignored
+
+
+def _index(sessions: list[tuple[int, list[tuple[str, str]]]]):
+    from sidecar.domain import Message, Role
+    from sidecar.memory.episodic import _UserIndex
+
+    state = _UserIndex(dim=16, window=4, dated=False)
+    msgs, i = [], 0
+    for day_ms, turns in sessions:
+        sid = f"s{len(msgs)}-{day_ms}"
+        for k, (speaker, text) in enumerate(turns):
+            role = Role.USER if speaker == "Ann" else Role.ASSISTANT
+            msgs.append(Message(f"m{i}", sid, k, role, text, "", "", day_ms + k * 1000, 0, 0, 0, speaker=speaker))
+            i += 1
+    state.add(msgs, None, True)
+    return state
+
+
+DAY_MS = 86_400_000
+MAY_8 = 1_683_504_000_000  # 8 May 2023 00:00 UTC
+
+
+def test_a_named_day_ranks_the_turns_told_that_day_or_just_after():
+    from sidecar.memory.episodic import DEFAULT_RANKING, Ranking
+
+    same = [("Ann", "I baked a lemon cake for the party."), ("Bob", "Sounds tasty.")]
+    state = _index([(MAY_8, same), (MAY_8 + 30 * DAY_MS, same), (MAY_8 + 60 * DAY_MS + 2 * DAY_MS, same)])
+    # 7 July 2023 is two days before the third session: told in the days after, so it counts.
+    score = state.rank("What cake did Ann bake on 7 July, 2023?", None, "", DEFAULT_RANKING)
+    assert score[4] > score[2] and score[4] > score[0]
+    # Near the day, and in the month named (9 July): both boosts; the other sessions neither.
+    r = DEFAULT_RANKING
+    assert score[4] / score[0] == pytest.approx((1.0 + r.day_boost) * (1.0 + r.date_boost))
+    assert score[2] == pytest.approx(score[0])
+    flat = state.rank("What cake did Ann bake on 7 July, 2023?", None, "", Ranking(day_boost=0.0, date_boost=0.0))
+    assert flat[4] == pytest.approx(flat[0])
+
+
+def test_session_openers_are_boosted():
+    import numpy as np
+
+    from sidecar.memory.episodic import Ranking
+
+    turns = [("Ann", "Guess what, I joined a pottery class last week!"), ("Bob", "Nice, what did you make?"),
+             ("Ann", "A bowl. The class is on Mondays and pottery is relaxing."), ("Bob", "Cool.")]
+    state = _index([(MAY_8, turns)])
+    q = "Which pottery class did Ann join?"
+    plain = state.rank(q, None, "", Ranking(opener_boost=0.0))
+    opener = state.rank(q, None, "", Ranking(opener_boost=0.4, opener_decay=0.3))
+    # A session opens with its news: the k-th turn is worth 1 + 0.4 * 0.3 ** k of its plain score.
+    assert np.allclose(opener / plain, 1.0 + 0.4 * 0.3 ** np.arange(4))
+    assert opener[0] > opener[2] and plain[0] > 0
+
+
+def test_a_possessive_names_the_speaker():
+    from sidecar.memory.episodic import Ranking
+
+    # Rows 0 and 3 say the same with mirrored neighbours: only who says it tells them apart.
+    state = _index([(MAY_8, [("Ann", "My tortoise is called Shelly."), ("Bob", "Hi there."), ("Cy", "Hello."),
+                             ("Bob", "My tortoise is called Shelly.")])])
+    r = Ranking(opener_boost=0.0, speaker_boost=1.0)
+    for q in ("What is Ann's tortoise called?", "What is Ann\u2019s tortoise called?", "What is Ann tortoise called?"):
+        score = state.rank(q, None, "", r)
+        assert score[0] / score[3] == pytest.approx(2.0), q
+    flat = state.rank("What is Ann's tortoise called?", None, "", Ranking(opener_boost=0.0, speaker_boost=0.0))
+    assert flat[0] == pytest.approx(flat[3])
+
+
+def test_offline_mode_matches_the_grpc_metric(tmp_path):
+    convs = recall.load(TINY)
+    app, maps = recall.offline_app(tmp_path / "cache", convs)
+    try:
+        assert set(maps) == {1} and sorted(maps[1].values()) == ["D1:1", "D1:2", "D1:3", "D2:1", "D2:2"]
+        figures = recall.offline_evaluate(app, convs, maps, (2000, 20))
+        assert figures["questions"] == 3
+        assert figures["recall"]["2000"] == 1.0 and figures["recall"]["20"] < 1.0
+        narrowed = recall.offline_evaluate(app, convs, maps, (2000,), recall.parse_ranking("neighbours=2,stem=false"))
+        assert app.episodic.ranking.neighbours == 2 and not app.episodic.ranking.stem
+        assert narrowed["recall"]["2000"] == 1.0
+    finally:
+        app.close()
+    # The cache is reused: no second replay.
+    app, again = recall.offline_app(tmp_path / "cache", convs)
+    app.close()
+    assert again == maps
 
 
 TINY = [{

@@ -9,8 +9,12 @@ Ranking (model-free, see bench/recall.py for what each part adds): BM25 of the t
 same-session neighbours with decaying weights (a fact is often spread over question and answer),
 plus BM25 of the query's category words expanded through a small hand-written concept list ("pets"
 -> dog, cat, turtle...), fused with the dense cosine, times a boost for turns spoken by a person the
-query names and for turns of a session whose date the query names. Packed turns read "Ann: text";
-their date is one "[8 May 2023]" item per day, packed ahead of that day's turns."""
+query names, for turns of a session in the month the query names or told on (or within a week after)
+a day it names ("on 9 November, 2022"), and for a session's first turns (a session opens with the
+news since the last one). Terms are stemmed with irregular forms ("went" -> go) and a dropped final
+"e" ("hike"/"hiking"). Packed turns read "Ann: text"; their date is one "[8 May 2023]" item per day,
+packed ahead of that day's turns. Measured on LoCoMo (tuned on conversations 1-5; bench/recall.py
+--offline compares knobs in seconds): about 0.5 ms per query over a ~600-turn user."""
 
 from __future__ import annotations
 
@@ -57,7 +61,11 @@ class Ranking:
     dense_weight: float = 0.2  # share of the dense cosine in the fused score
     dense_neighbours: bool = True
     speaker_boost: float = 1.0  # turns spoken by a person the query names
-    date_boost: float = 0.3  # turns of a session in the month/year the query names
+    date_boost: float = 0.3  # turns of a session in the month the query names
+    year_boost: float = 0.3  # ... in a year the query names without a month
+    day_boost: float = 1.0  # turns of a session near a day the query names
+    day_before: int = 0  # days before / after the named day that count as near it
+    day_after: int = 7
     stem: bool = True
     date_headers: bool = True  # one "[8 May 2023]" item per day instead of the date on every turn
     concept_weight: float = 0.4  # share of the CONCEPTS expansion of the query's category words
@@ -66,6 +74,8 @@ class Ranking:
     prf_weight: float = 0.0
     spread: float = 0.0  # a turn scores at least spread * the score of its previous/next turn
     diversity: float = 0.0  # the j-th best turn of a session is divided by 1 + diversity * j
+    opener_boost: float = 0.4  # the k-th turn of a session: * (1 + opener_boost * opener_decay ** k)
+    opener_decay: float = 0.3
     candidate_factor: float = 1.6  # return turns worth this multiple of the category budget
     max_candidates: int = 600
 
@@ -78,29 +88,56 @@ _VOWEL_RE = re.compile(r"[aeiouy]")
 # Porter-like suffix rules, longest first: (suffix, replacement, minimum stem length).
 _RULES = (("ational", "ate", 3), ("iveness", "ive", 3), ("fulness", "ful", 3), ("ization", "ize", 3),
           ("ations", "ate", 3), ("ation", "ate", 3), ("nesses", "", 3), ("ness", "", 3), ("ments", "", 4),
-          ("ment", "", 4), ("ingly", "", 3), ("edly", "", 3), ("ies", "y", 2), ("ied", "y", 2), ("ing", "", 3),
+          ("ment", "", 4), ("ships", "", 3), ("ship", "", 3), ("ists", "", 3), ("ist", "", 3), ("ions", "", 3),
+          ("ion", "", 3), ("ingly", "", 3), ("edly", "", 3), ("ies", "y", 2), ("ied", "y", 2), ("ing", "", 3),
           ("ers", "", 3), ("er", "", 3), ("ed", "", 3), ("ly", "", 4), ("es", "", 3), ("s", "", 3))
 _DOUBLE = frozenset("bdfgmnprt")
 
 
 
+# Irregular forms a suffix rule cannot reach, to the word their regular forms stem to.
+_IRREGULAR = {
+    "went": "go", "gone": "go", "going": "go", "goes": "go", "bought": "buy", "ran": "run", "swam": "swim",
+    "children": "child", "kids": "kid", "taught": "teach", "made": "make", "took": "take", "taken": "take",
+    "saw": "see", "seen": "see", "met": "meet", "felt": "feel", "won": "win", "wrote": "write",
+    "written": "write", "began": "begin", "begun": "begin", "built": "build", "caught": "catch",
+    "brought": "bring", "thought": "think", "found": "find", "gave": "give", "given": "give", "got": "get",
+    "gotten": "get", "held": "hold", "kept": "keep", "left": "leave", "lost": "lose", "paid": "pay",
+    "sang": "sing", "sung": "sing", "sold": "sell", "spent": "spend", "told": "tell", "flew": "fly",
+    "ate": "eat", "eaten": "eat", "drew": "draw", "drawn": "draw", "grew": "grow", "grown": "grow",
+    "knew": "know", "known": "know", "rode": "ride", "ridden": "ride", "fell": "fall", "fallen": "fall",
+    "women": "woman", "men": "man", "people": "person", "mice": "mouse", "feet": "foot", "teeth": "tooth",
+}
+_STEM_E = True  # drop a final "e" after the rules: "hike"/"hiking", "dance"/"dancer" meet
+
+
 def stem(word: str) -> str:
-    """A compact English stemmer: "painting"/"painted"/"paints" -> "paint", "hobbies" -> "hobby"."""
+    """A compact English stemmer: "painting"/"painted"/"paints" -> "paint", "hobbies" -> "hobby",
+    "hike"/"hiking"/"hiked" -> "hik", "went" -> "go"."""
+    word = _IRREGULAR.get(word, word)
     if len(word) <= 3 or not word.isascii() or word.isdigit():
         return word
     if word.endswith("'s"):
         word = word[:-2]
+    out = word
     for suffix, repl, min_len in _RULES:
         if word.endswith(suffix) and len(word) - len(suffix) >= min_len:
             base = word[: -len(suffix)]
             if not _VOWEL_RE.search(base):
                 continue
+            if suffix in ("ion", "ions") and not base.endswith(("t", "s")):
+                continue  # "adoption" -> "adopt", "discussion" -> "discuss"; not "onion", "region"
+            if suffix == "ly" and base.endswith("i"):
+                continue  # "family", "daily": not an adverb
             if suffix in ("es",) and not base.endswith(("sh", "ch", "x", "s", "z")):
                 base = word[:-1]  # "games" -> "game", "wishes" -> "wish"
             if suffix in ("ing", "ed", "er", "ers") and len(base) > 3 and base[-1] == base[-2] and base[-1] in _DOUBLE:
                 base = base[:-1]  # "running" -> "run"
-            return base + repl
-    return word
+            out = base + repl
+            break
+    if _STEM_E and len(out) > 3 and out.endswith("e") and not out.endswith("ee"):
+        out = out[:-1]
+    return out
 
 
 # Words of how a question is asked, not of what it is about.
@@ -120,11 +157,13 @@ _CONCEPTS = {
                 "gardening surfing skiing climbing pottery volunteering walking fishing travel",
     "hobby": "painting reading writing hiking camping cooking baking gardening photography music guitar "
              "piano dancing pottery knitting gaming drawing",
+    "interest": "hobby love enjoy passion favorite",
     "sport": "football soccer basketball baseball tennis golf hockey volleyball swimming running "
              "surfing skiing boxing kickboxing karate taekwondo yoga",
-    "exercise": "running yoga gym workout swimming cycling biking hiking kickboxing lifting pilates",
-    "instrument": "guitar piano violin drums flute saxophone cello ukulele",
+    "exercise": "running yoga gym workout swimming cycling biking hiking kickboxing lifting pilates training",
+    "instrument": "guitar piano violin drums flute saxophone cello ukulele clarinet trumpet",
     "music": "song songs band concert guitar piano album singing",
+    "band": "concert music singer album festival",
     "family": "kids children son daughter husband wife mom dad mother father brother sister parents "
               "grandma grandpa aunt uncle cousin fam",
     "kid": "son daughter children child kids",
@@ -133,25 +172,40 @@ _CONCEPTS = {
     "job": "work career company office boss position hired interview",
     "career": "job work profession degree field",
     "food": "pizza pasta cake cookies bread salad soup dessert recipe dish meal",
+    "dessert": "cake cookies pie ice cream chocolate brownies tart pudding mousse cupcakes",
+    "recipe": "cook cooking bake baking dish made",
     "book": "novel novels read reading author books series",
+    "author": "book novel writer wrote read",
+    "writing": "write wrote screenplay script book novel poem poetry blog story journal article",
     "art": "painting paintings drawing sculpture pottery mural canvas",
     "travel": "trip vacation visited flew abroad country city beach",
     "trip": "vacation travel visited traveled road",
+    "vacation": "trip travel visited beach holiday",
     "place": "city country town beach park",
+    "location": "city country state town place visited",
     "country": "france spain italy germany japan china mexico canada england brazil",
+    "state": "california texas florida york washington oregon colorado arizona carolina tennessee",
     "city": "paris london rome tokyo york boston chicago seattle",
     "event": "party festival concert parade conference wedding fundraiser competition",
     "volunteer": "shelter charity donate donated fundraiser",
+    "cause": "charity fundraiser donate awareness volunteer support",
     "friend": "friends buddy buddies pal",
     "game": "games tournament play played board video",
     "item": "bought purchased got new",
     "outdoor": "hiking camping beach park trail mountains lake",
     "movie": "movies film films watched cinema",
+    "film": "movie movies watched cinema",
+    "show": "series watch watched episode season",
+    "series": "show watch watched episode season books",
     "symbol": "flag necklace tattoo rainbow",
     "martial": "karate taekwondo kickboxing judo boxing",
     "religious": "church faith god pray",
     "political": "rights vote election conservative liberal",
     "allergy": "allergic allergies",
+    "stress": "relax calm therapy escape peace",
+    "injury": "hurt injured broke sprained pain",
+    "school": "class college university course degree study student",
+    "education": "school class college university course degree study",
 }
 
 
@@ -169,16 +223,46 @@ CONCEPTS = {stem(k): tuple(dict.fromkeys(t for w in v.split() for t in terms(w) 
 _MONTHS = {m.lower(): i for i, m in enumerate(
     ("January February March April May June July August September October November December").split(), 1)}
 _MONTHS.update({k[:3]: v for k, v in list(_MONTHS.items())})
-_MONTH_RE = re.compile(r"\b(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\b\.?(?:\s+(\d{4}))?", re.I)
+_MONTH_ALT = "|".join(sorted(_MONTHS, key=len, reverse=True))
+_MONTH_RE = re.compile(r"\b(" + _MONTH_ALT + r")\b\.?(?:,?\s+(\d{4}))?", re.I)
 _YEAR_RE = re.compile(r"\b(19\d\d|20\d\d)\b")
+# "9 November, 2022", "13th of May 2023", "October 13, 2023", "August 11" (the year may be elsewhere).
+_DAY_RES = (re.compile(r"\b(?P<d>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<m>" + _MONTH_ALT
+                       + r")\b\.?(?:,?\s+(?P<y>\d{4}))?", re.I),
+            re.compile(r"\b(?P<m>" + _MONTH_ALT + r")\b\.?\s+(?P<d>\d{1,2})(?:st|nd|rd|th)?\b(?!:)(?:,?\s+(?P<y>\d{4}))?",
+                       re.I))
+_EPOCH = dt.date(1970, 1, 1).toordinal()
 
 
 def query_dates(query: str) -> tuple[set[tuple[int, int]], set[int]]:
-    """(year-or-0, month) pairs and bare years named in a query ("in May 2023", "in 2022")."""
-    months = {(int(y) if y else 0, _MONTHS[m.lower()]) for m, y in _MONTH_RE.findall(query)
+    """(year-or-0, month) pairs and bare years named in a query ("in May 2023", "in 2022"); a year
+    named with a month is not also a bare year."""
+    found = _MONTH_RE.findall(query)
+    months = {(int(y) if y else 0, _MONTHS[m.lower()]) for m, y in found
               if m.lower() != "may" or y}  # "may" alone is the verb far more often than the month
-    years = {int(y) for y in _YEAR_RE.findall(query)}
+    with_month = {y for y, _ in months}
+    years = {int(y) for y in _YEAR_RE.findall(query)} - with_month
+    days = query_days(query)
+    months |= {(d.year, d.month) for d in days}
+    years -= {d.year for d in days}
+    months -= {(0, m) for y, m in months if y}  # "October 13, 2023" also read as a bare "October"
     return months, years
+
+
+def query_days(query: str) -> set[dt.date]:
+    """Calendar days a query names; a day without its year takes the query's only year."""
+    out: set[dt.date] = set()
+    years = {int(y) for y in _YEAR_RE.findall(query)}
+    for pattern in _DAY_RES:
+        for m in pattern.finditer(query):
+            year = int(m.group("y")) if m.group("y") else (next(iter(years)) if len(years) == 1 else 0)
+            if not year:
+                continue
+            try:
+                out.add(dt.date(year, _MONTHS[m.group("m").lower()], int(m.group("d"))))
+            except ValueError:
+                continue
+    return out
 
 
 def date_label(timestamp_ms: int) -> str:
@@ -229,6 +313,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         self.session_of = np.zeros(self.cap, np.int32)
         self.year_month = np.zeros(self.cap, np.int32)  # year * 100 + month of the session's first turn
         self.day_of = np.zeros(self.cap, np.int32)  # yyyymmdd of the turn
+        self.position = np.zeros(self.cap, np.int32)  # the turn's index in its session
         self.doc_len = np.zeros(self.cap, np.float32)
         self.exact = np.zeros(self.cap, np.uint64)
         self.simhash = np.zeros(self.cap, np.uint64)
@@ -243,7 +328,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             return
         cap = max(need, self.cap * 2)
         for name in ("vectors", "tokens", "timestamps", "seqs", "roles", "speaker_of", "session_of", "year_month",
-                     "day_of", "doc_len", "exact", "simhash", "nbr"):
+                     "day_of", "position", "doc_len", "exact", "simhash", "nbr"):
             old = getattr(self, name)
             new = np.full((cap, *old.shape[1:]), -1 if name in ("nbr", "speaker_of") else 0, old.dtype)
             new[: self.cap] = old[: self.cap]
@@ -296,6 +381,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
                 prev = rows[-k]
                 self.nbr[row, w - k] = prev  # my k-th previous turn
                 self.nbr[prev, w + k - 1] = row  # I am its k-th next turn
+            self.position[row] = len(rows)
             rows.append(row)
             counts: dict[str, int] = {}
             words = terms(m.text, stemmed=stemmed)
@@ -329,6 +415,15 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             acc[rows] += idf * tfs * (k1 + 1.0) / (tfs + norm)  # rows are unique per term
         return acc
 
+    def _arrays(self, t: str) -> tuple[np.ndarray, np.ndarray] | None:
+        arrays = self.arrays.get(t)
+        if arrays is None:
+            posting = self.postings.get(t)
+            if posting is None:
+                return None
+            arrays = self.arrays[t] = (np.asarray(posting[0], np.int64), np.asarray(posting[1], np.float32))
+        return arrays
+
     def window_bm25(self, query_terms: Sequence[str], decay: np.ndarray, k1: float, b: float) -> np.ndarray:
         """BM25 of each turn's neighbourhood as one document: the decayed term counts of the window
         saturate per term, so a window that covers more of the query's terms wins. Sparse: each
@@ -337,13 +432,9 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         n = len(self.ids)
         picked = []
         for t in dict.fromkeys(query_terms):
-            posting = self.postings.get(t)
-            if posting is None:
-                continue
-            arrays = self.arrays.get(t)
-            if arrays is None:
-                arrays = self.arrays[t] = (np.asarray(posting[0], np.int64), np.asarray(posting[1], np.float32))
-            picked.append(arrays)
+            arrays = self._arrays(t)
+            if arrays is not None:
+                picked.append(arrays)
         if not picked or not n:
             return np.zeros(n, np.float32)
         key = (n, b, decay.tobytes())
@@ -384,7 +475,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
                          [r.next_decay ** k for k in range(1, w + 1)], np.float32)
         decay[np.abs(np.r_[np.arange(-w, 0), np.arange(1, w + 1)]) > r.neighbours] = 0.0
         q_terms = terms(query, stemmed=r.stem)
-        words = set(_WORD_RE.findall(query.lower()))
+        words = {w.split("'")[0] for w in _WORD_RE.findall(query.lower())}  # "melanie's" names melanie
         named = [sid for name, sid in self.speakers.items() if name in words or name.split(" ")[0] in words]
         if r.drop_names:
             names = {stem(x) for name in self.speakers for x in name.split()}
@@ -422,12 +513,22 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         if named and r.speaker_boost and len(named) < len(self.speakers):
             mult *= np.where(np.isin(self.speaker_of[:n], named), 1.0 + r.speaker_boost, 1.0)
         months, years = query_dates(query)
-        if (months or years) and r.date_boost:
+        if months or years:
             ym = self.year_month[:n]
-            hit = np.isin(ym // 100, list(years)) if years else np.zeros(n, bool)
+            boost = r.year_boost * np.isin(ym // 100, list(years)) if years else np.zeros(n)
             for year, month in months:
-                hit |= (ym % 100 == month) & ((ym // 100 == year) if year else True)
-            mult *= np.where(hit, 1.0 + r.date_boost, 1.0)
+                hit = (ym % 100 == month) & ((ym // 100 == year) if year else True)
+                boost = np.maximum(boost, r.date_boost * hit)
+            mult *= 1.0 + boost
+        days = query_days(query) if r.day_boost else ()
+        if days:
+            # A day's events are told that day or in the days after ("yesterday", "last week").
+            when = self.timestamps[:n] // 86_400_000
+            near = np.zeros(n, bool)
+            for d in days:
+                lo = d.toordinal() - _EPOCH
+                near |= (when >= lo - r.day_before) & (when <= lo + r.day_after)
+            mult *= np.where(near, 1.0 + r.day_boost, 1.0)
         if exclude_session and exclude_session in self.session_rows:
             mult[self.session_rows[exclude_session]] = 0.0
         if r.concept_weight > 0:
@@ -445,6 +546,9 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
                 etop = float(extra.max())
                 if etop > 0:
                     score = score + r.prf_weight * extra / etop
+        if r.opener_boost:
+            # A session opens with what happened since the last one: its first turns carry news.
+            mult *= 1.0 + r.opener_boost * r.opener_decay ** self.position[:n].astype(np.float64)
         score = score * mult
         if r.spread > 0 and n:
             nbr = self.nbr[:n, w - 1:w + 1]  # previous and next turn
