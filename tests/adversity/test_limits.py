@@ -82,7 +82,7 @@ def test_per_session_message_cap(fresh_server):
 
 
 def test_flooding_tenant_gets_resource_exhausted_and_others_are_unaffected(tmp_path):
-    server = Server(str(tmp_path / "rate.duckdb"), extra=["--rate-per-tenant", "50"])
+    server = Server(str(tmp_path / "rate.duckdb"), extra=["--rate-per-tenant", "10"])
     try:
         flood, calm = pb.Scope(tenant_id="flood", user_id="u"), pb.Scope(tenant_id="calm", user_id="u")
         stubs = [server.new_stub() for _ in range(8)]
@@ -110,7 +110,7 @@ def test_flooding_tenant_gets_resource_exhausted_and_others_are_unaffected(tmp_p
                 except grpc.RpcError as e:
                     code = code_of(e)
                 calm_codes[code] = calm_codes.get(code, 0) + 1
-                time.sleep(0.1)  # 10/s, well under the limit
+                time.sleep(0.2)  # 5/s, well under the limit
 
         with ThreadPoolExecutor(9) as ex:
             futures = [ex.submit(hammer, i) for i in range(8)] + [ex.submit(steady)]
@@ -119,9 +119,10 @@ def test_flooding_tenant_gets_resource_exhausted_and_others_are_unaffected(tmp_p
         print("flood", codes, "calm", calm_codes)
         assert codes.get("RESOURCE_EXHAUSTED", 0) > 0 and codes.get("OK", 0) > 0, codes
         assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, codes
-        # 2 s at 50/s plus a burst of 100: the limiter let through about what it promises.
-        assert codes["OK"] <= 50 * 2 + 100 + 25, codes
-        assert calm_codes.get("OK", 0) >= 8 and set(calm_codes) == {"OK"}, calm_codes
+        # 2 s at 10/s plus a burst of 20: the limiter let through about what it promises. (A low
+        # rate, so even a slow, busy machine floods past it.)
+        assert codes["OK"] <= 10 * 2 + 20 + 10, codes
+        assert calm_codes.get("OK", 0) >= 5 and set(calm_codes) == {"OK"}, calm_codes
         assert server.alive() and server.healthy()
     finally:
         server.stop()
