@@ -14,7 +14,7 @@ import fastpath
 from sidecar.assembly.budget import Budget
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, CandidateSource, Section, SoftCategory
 from sidecar.clock import now_ms
-from sidecar.domain import Role, Scope
+from sidecar.domain import Category, Role, Scope
 from sidecar.errors import FailedPrecondition, InvalidArgument
 from sidecar.services.sessions import SessionService
 from sidecar.store.cache import SessionView
@@ -22,7 +22,7 @@ from sidecar.text import term_set
 from sidecar.tokens import count_tokens_cached
 
 # Proto numbers (kept here so the assembly does not import the generated stubs).
-CATEGORY_SYSTEM_AND_TOOLS, CATEGORY_SESSION_STATE = 1, 2
+CATEGORY_SYSTEM_AND_TOOLS, CATEGORY_SESSION_STATE = Category.SYSTEM_AND_TOOLS, Category.SESSION_STATE
 DROP_OVER_BUDGET, DROP_DUPLICATE, DROP_LOW_SCORE = 1, 2, 3
 KNOWLEDGE_MATCHED, KNOWLEDGE_NO_MATCH, KNOWLEDGE_NOT_CONSULTED = 1, 2, 3
 _STATUS_TO_DROP = {fastpath.OVER_BUDGET: DROP_OVER_BUDGET, fastpath.DUPLICATE: DROP_DUPLICATE,
@@ -322,17 +322,17 @@ def _pack_sections(live: list[CandidateBatch], sel: fastpath.Selection, starts: 
     scores = sel.scores[picked].tolist()
     token_list = tokens[picked].tolist()
     slot = {s: n for n, s in enumerate(SOFT_SECTIONS)}
-    per_batch = [(slot[b.section], b.category.wire, b.bodies if f else None, b.meta, b.sources, b.texts)
+    per_batch = [(slot[b.section], b.category.wire, b.bodies if f else None, b.sources, b.texts)
                  for b, f in zip(live, fast, strict=True)]
     buckets: list[list[_Entry]] = [[] for _ in SOFT_SECTIONS]
     encode = fastpath.encode_item
     for n, (_, k, j) in enumerate(zip(*_owners(starts, picked), strict=True)):
-        section, wire, bodies, meta, sources, texts = per_batch[k]
+        section, wire, bodies, sources, texts = per_batch[k]
         score, item_tokens = scores[n], token_list[n]
         if bodies is not None:
             key, body = keys[n], bodies[j]
         else:
-            role, ts, order_key, message_ids = meta(j) if meta else (0, 0, None, ())
+            role, ts, order_key, message_ids = _meta(live[k], j)
             key = -score if order_key is None else order_key
             body = encode(sources[j], wire, item_tokens, texts[j], role, ts, message_ids)
         buckets[section].append((key, score, item_tokens, body, live[k], j))
@@ -366,13 +366,17 @@ def _drops(live: list[CandidateBatch], batches: list[CandidateBatch], sel: fastp
     return dropped, counts
 
 
+def _meta(b: CandidateBatch, j: int) -> tuple[int, int, float | None, tuple[str, ...]]:
+    return b.meta(j) if b.meta else (0, 0, None, ())
+
+
 def _packed_from_entries(section: Section, entries: list[_Entry]) -> PackedSection:
     entries.sort(key=_first)
 
     def items() -> list[Item]:
         out = []
         for key, score, tokens, _, b, j in entries:
-            role, ts, _, message_ids = b.meta(j) if b.meta else (0, 0, None, ())
+            role, ts, _, message_ids = _meta(b, j)
             out.append(Item(b.sources[j], b.category.wire, score, tokens, b.texts[j], role, ts, message_ids, key))
         return out
 

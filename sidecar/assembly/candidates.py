@@ -11,7 +11,7 @@ from typing import Protocol
 import numpy as np
 
 from sidecar.assembly.budget import Budget
-from sidecar.domain import Scope
+from sidecar.domain import Category, Scope
 from sidecar.store.cache import SessionView
 
 
@@ -24,8 +24,8 @@ class SoftCategory(enum.IntEnum):
     RAG_OR_GRAPH = 3
 
     @property
-    def wire(self) -> int:
-        return int(self) + 3  # proto Category numbers start at 3 for the soft zone
+    def wire(self) -> Category:
+        return Category[self.name]  # the proto Category of the same name
 
     def budget_of(self, budget: Budget) -> int:
         return getattr(budget, self.name.lower())
