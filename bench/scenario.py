@@ -10,7 +10,7 @@ import numpy as np
 
 import fastpath
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory
-from sidecar.text import term_set
+from sidecar.text import term_ids, terms
 from sidecar.tokens import count_many
 
 SERVICES = ["payment-api", "order-service", "checkout-web", "ledger-db", "auth-gateway", "inventory-svc"]
@@ -55,7 +55,7 @@ def _batch(category: SoftCategory, section: Section, texts: list[str], rng: rand
     b.exact_keys, b.simhashes = fastpath.text_keys(texts)
     # Like the real memory and knowledge sources, attach what was computed at index time.
     b.vectors = fastpath.hash_embed(texts, 256)
-    b.term_sets = [term_set(t) for t in texts]
+    b.term_ids = [term_ids(terms(t)) for t in texts]
     return b
 
 
@@ -78,7 +78,7 @@ class SyntheticSource:
 
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
         # Fresh batch objects each call, as a real source returns: resolvers take candidates out of
-        # the batches they are given (the lists inside are replaced, never changed in place).
+        # the batches they are given (the lists and sets inside are replaced, never changed in place).
         return [replace(b, dropped=[]) for b in self.batches]
 
     @property

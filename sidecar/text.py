@@ -4,6 +4,11 @@ with a light English suffix strip so "restarts"/"restarted" meet "restart"."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+
+import numpy as np
+
+from fastpath import fnv1a64
 
 _TERM_RE = re.compile(r"[0-9a-z_]+(?:[-.][0-9a-z_]+)*|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _SUFFIXES = ("ing", "ed", "es", "s")
@@ -31,3 +36,12 @@ def terms(text: str) -> list[str]:
 
 def term_set(text: str) -> frozenset[str]:
     return frozenset(terms(text))
+
+
+NO_TERMS = np.zeros(0, np.uint64)
+
+
+def term_ids(words: Iterable[str]) -> np.ndarray:
+    """A term set as sorted unique 64-bit ids (FNV-1a, stable across processes, so persisted index
+    entries keep theirs), so the overlaps of many pairs come from one vectorised call."""
+    return np.unique(np.fromiter((fnv1a64(w.encode()) for w in words), np.uint64))

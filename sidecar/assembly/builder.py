@@ -282,17 +282,22 @@ class ContextBuilder:
         clock.lap("features")
 
         w = self.weights
-        sel = fastpath.select(relevance, age, priority, tokens, category, exact, sim, cat_budget, soft_total,
+        at = _kept(live, offsets)
+        pick = (lambda a: a) if at is None else (lambda a: a[at])  # noqa: E731
+        sel = fastpath.select(pick(relevance), pick(age), pick(priority), pick(tokens), pick(category), pick(exact),
+                              pick(sim), cat_budget, soft_total,
                               w_relevance=w.relevance, w_recency=w.recency, w_priority=w.priority,
                               half_life_s=w.half_life_s, max_hamming=w.max_hamming, min_score=min_score,
                               flow_unused=budget.flow_unused)
+        if at is not None:
+            sel = _widen(sel, at, len(tokens))
         clock.lap("select")
 
         starts = np.asarray(offsets[:-1], np.int64)
         soft_sections = _pack_sections(live, sel, starts, tokens)
         dropped, counts = _drops(live, batches, sel, starts, tokens, max_dropped)
         n_cat = len(SoftCategory)
-        considered = np.bincount(category, minlength=n_cat)
+        considered = np.bincount(pick(category), minlength=n_cat)
         picked = np.bincount(category[sel.selected_in_order], minlength=n_cat)
         usage = [Usage(c.wire, int(sel.effective_budget[c]), int(sel.used[c]), int(considered[c]), int(picked[c]),
                        int(sel.flowed_in[c])) for c in SoftCategory]
@@ -301,6 +306,32 @@ class ContextBuilder:
 
 # (order key, score, tokens, wire body, batch, index in the batch) of one packed soft item.
 _Entry = tuple[float, float, int, bytes, CandidateBatch, int]
+
+
+EXCLUDED = -1  # status of a candidate a source excluded (CandidateBatch.exclude): never selected
+
+
+def _kept(live: list[CandidateBatch], offsets: list[int]) -> np.ndarray | None:
+    """Global indices of the candidates not excluded by their source, or None when none was."""
+    if not any(b.excluded for b in live):
+        return None
+    keep = np.ones(offsets[-1], bool)
+    for b, start in zip(live, offsets, strict=False):
+        if b.excluded:
+            keep[[start + j for j in b.excluded]] = False
+    return np.flatnonzero(keep)
+
+
+def _widen(sel: fastpath.Selection, at: np.ndarray, n: int) -> fastpath.Selection:
+    """A selection over the kept candidates `at`, re-expressed over all n (the excluded: EXCLUDED)."""
+    scores = np.zeros(n, np.float64)
+    scores[at] = sel.scores
+    status = np.full(n, EXCLUDED, np.int8)
+    status[at] = sel.status
+    dup_of = np.full(n, -1, np.int64)
+    dup_of[at] = np.where(sel.dup_of >= 0, at[np.maximum(sel.dup_of, 0)], -1)
+    return sel._replace(scores=scores, order=at[sel.order], status=status, dup_of=dup_of,
+                        selected_in_order=at[sel.selected_in_order])
 
 
 def _owners(starts: np.ndarray, indices: np.ndarray) -> tuple[list[int], list[int], list[int]]:
@@ -343,7 +374,7 @@ def _drops(live: list[CandidateBatch], batches: list[CandidateBatch], sel: fastp
            tokens: np.ndarray, max_dropped: int) -> tuple[list[Dropped], dict[int, int]]:
     """Every drop is counted; the highest-scored are listed (the long tail is usually noise)."""
     status = sel.status
-    not_selected = np.flatnonzero(status != fastpath.SELECTED)
+    not_selected = np.flatnonzero(status > fastpath.SELECTED)  # EXCLUDED ones are the sources' to report
     by_code = np.bincount(status[not_selected], minlength=len(_STATUS_TO_DROP) + 1).tolist()
     counts = {reason: by_code[code] for code, reason in _STATUS_TO_DROP.items() if by_code[code]}
     listed = not_selected[np.argsort(-sel.scores[not_selected], kind="stable")[:max_dropped]]

@@ -96,36 +96,23 @@ class CandidateBatch:
     bodies: Sequence[bytes] | None = None
     exact_keys: np.ndarray | None = None  # uint64; computed by the builder when None
     simhashes: np.ndarray | None = None
-    # Optional per-candidate embeddings and term sets, for cross-source rules (see knowledge.source).
+    # Optional per-candidate embeddings and term ids (text.term_ids), for cross-source rules (see
+    # knowledge.source).
     vectors: np.ndarray | None = None
-    term_sets: list[frozenset[str]] | None = None
+    term_ids: list[np.ndarray] | None = None
     dropped: list[SourceDrop] = field(default_factory=list)
+    excluded: set[int] = field(default_factory=set)  # see exclude()
     # Set by a knowledge source: True/False when it was consulted, None otherwise.
     knowledge_matched: bool | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
 
-    def remove(self, indices: set[int]) -> None:
-        """Take candidates out before selection (a source-level decision, e.g. a conflict)."""
-        if not indices:
-            return
-        mask = np.ones(len(self), bool)
-        mask[list(indices)] = False
-        keep_at = np.flatnonzero(mask)
-        keep = keep_at.tolist()
-        for name in ("texts", "sources", "tokens", "relevance", "age_s", "priority", "order", "bodies",
-                     "term_sets", "exact_keys", "simhashes", "vectors"):
-            seq = getattr(self, name)
-            if seq is None:
-                continue
-            if isinstance(seq, np.ndarray):
-                setattr(self, name, seq[keep_at])
-            else:
-                setattr(self, name, [seq[i] for i in keep])
-        if self.meta is not None:
-            old = self.meta
-            self.meta = lambda j: old(keep[j])
+    def exclude(self, indices: set[int]) -> None:
+        """Take candidates out before selection (a source-level decision, e.g. a conflict). The
+        builder masks them out of the fastpath's arrays, which is far cheaper than rebuilding every
+        parallel sequence; they are neither packed nor listed among the selection's drops."""
+        self.excluded = self.excluded | indices  # a new set: copies of a batch may share the old one
 
 
 class CandidateSource(Protocol):

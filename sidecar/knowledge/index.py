@@ -8,14 +8,14 @@ import logging
 import pickle
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from sidecar.domain import KnowledgeChunk
 from sidecar.index.hybrid import Hit, HybridIndex
-from sidecar.text import terms
+from sidecar.text import NO_TERMS, term_ids, terms
 
 log = logging.getLogger("sidecar.knowledge")
 
@@ -27,7 +27,7 @@ class ChunkEntry:
     chunk: KnowledgeChunk
     title: str
     acl: Acl
-    terms: frozenset[str] = frozenset()  # filled when indexed; reused by the conflict rule
+    term_ids: np.ndarray = field(default_factory=lambda: NO_TERMS)  # filled when indexed; for the conflict rule
 
 
 def visible(acl: Acl, roles: Iterable[str]) -> bool:
@@ -51,7 +51,7 @@ class TenantKnowledge:
             by_acl: dict[Acl, list] = {}
             for entry, vec in zip(entries, vectors, strict=True):
                 words = chunk_terms(entry)
-                entry.terms = frozenset(words)
+                entry.term_ids = term_ids(words)
                 by_acl.setdefault(entry.acl, []).append((entry.chunk.key, vec, words))
                 self.entries[entry.chunk.key] = entry
             for acl, items in by_acl.items():

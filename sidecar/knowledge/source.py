@@ -9,7 +9,7 @@ import numpy as np
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory, SourceDrop
 from sidecar.knowledge.graph import render_path
 from sidecar.knowledge.service import KnowledgeService
-from sidecar.text import term_set, terms
+from sidecar.text import NO_TERMS, term_ids, terms
 from sidecar.tokens import count_tokens_cached
 
 TOP_K = 8
@@ -64,7 +64,7 @@ class KnowledgeSource:
                 kb.relevance.append(h.score + KNOWLEDGE_BONUS)
             n = len(hits)
             kb.age_s, kb.priority = [0.0] * n, [0.2] * n
-            kb.term_sets = [e.terms for _, e in hits]
+            kb.term_ids = [e.term_ids for _, e in hits]
             kb.vectors = (np.stack([tk.vector(e.chunk.key) for _, e in hits]) if hits
                           else np.zeros((0, self.knowledge.embedder.dim), np.float32))
         self._graph_candidates(inp, graph, kb)
@@ -84,9 +84,9 @@ class KnowledgeSource:
             paths = graph.neighbourhood(seeds, max_hops=2, limit=20, at_ms=inp.now_ms)
         dim = self.knowledge.embedder.dim
         if kb.vectors is None:
-            kb.vectors, kb.term_sets = np.zeros((0, dim), np.float32), []
+            kb.vectors, kb.term_ids = np.zeros((0, dim), np.float32), []
         kb.vectors = np.concatenate([kb.vectors, np.zeros((len(paths), dim), np.float32)])
-        kb.term_sets += [frozenset()] * len(paths)
+        kb.term_ids += [NO_TERMS] * len(paths)
         for p in paths:
             text = render_path(p)
             kb.texts.append(text)
@@ -110,49 +110,52 @@ def knowledge_beats_memory(knowledge: KnowledgeService):
         refs = _first_chunks(kb)
         if not refs:
             return
-        kb_vecs = _vectors_of(knowledge, refs)
-        vocab, kb_bits = _term_matrix([_terms_of(b, i) for b, i in refs])
+        kb_vecs = np.concatenate([_vectors_of(knowledge, b, at) for b, at in _per_batch(refs)])
+        kb_terms = [_terms_of(b, i) for b, i in refs]
         for mb in memories:
             mine = _top_memories(mb)
             if not mine:
                 continue
-            sims = _vectors_of(knowledge, [(mb, j) for j in mine]) @ kb_vecs.T
+            sims = _vectors_of(knowledge, mb, mine) @ kb_vecs.T
             # Term containment (share of the memory's terms found in the chunk), scaled so that
             # CONFLICT_CONTAINMENT counts like CONFLICT_COSINE; only for pairs already somewhat close
-            # (the rest cannot be on the same subject). Shared terms of all pairs in one product.
+            # (the rest cannot be on the same subject).
             mine_terms = [_terms_of(mb, j) for j in mine]
-            mine_bits = np.zeros((len(mine), kb_bits.shape[0]), np.float32)
-            for row, held in enumerate(mine_terms):
-                mine_bits[row, [vocab[t] for t in held if t in vocab]] = 1.0
-            shared = mine_bits @ kb_bits
+            shared = _shared_counts(mine_terms, kb_terms)
             sizes = np.array([max(len(t), 1) for t in mine_terms], np.float32)[:, None]
             contained = np.where((sims >= CONTAINMENT_FLOOR) & (shared >= CONFLICT_MIN_SHARED), shared / sizes, 0.0)
             scores = np.maximum(sims, contained * (CONFLICT_COSINE / CONFLICT_CONTAINMENT))
+            rows = np.arange(len(mine))
             best = scores.argmax(axis=1)
+            # Saying the same thing is no conflict: fastpath's dedup keeps the better of the two.
+            conflicts = (scores[rows, best] >= CONFLICT_COSINE) & (sims[rows, best] < SAME_STATEMENT_COSINE)
             out = set()
-            for row, j in enumerate(mine):
-                c = int(best[row])
-                # Saying the same thing is no conflict: fastpath's dedup keeps the better of the two.
-                if scores[row, c] >= CONFLICT_COSINE and sims[row, c] < SAME_STATEMENT_COSINE:
-                    b, i = refs[c]
-                    out.add(j)
-                    mb.dropped.append(SourceDrop(mb.sources[j], mb.category, DROP_CONFLICT_WITH_KNOWLEDGE,
-                                                 int(mb.tokens[j]), kept_source=b.sources[i]))
-            mb.remove(out)
+            for row in np.flatnonzero(conflicts).tolist():
+                j, (b, i) = mine[row], refs[int(best[row])]
+                out.add(j)
+                mb.dropped.append(SourceDrop(mb.sources[j], mb.category, DROP_CONFLICT_WITH_KNOWLEDGE,
+                                             int(mb.tokens[j]), kept_source=b.sources[i]))
+            mb.exclude(out)
 
     return resolve
 
 
-def _term_matrix(term_sets: list[frozenset[str]]) -> tuple[dict[str, int], np.ndarray]:
-    """A vocabulary of the sets' terms and the 0/1 matrix (term x set) of which set holds which."""
-    vocab: dict[str, int] = {}
-    for held in term_sets:
-        for t in held:
-            vocab.setdefault(t, len(vocab))
-    bits = np.zeros((len(vocab), len(term_sets)), np.float32)
-    for col, held in enumerate(term_sets):
-        bits[[vocab[t] for t in held], col] = 1.0
-    return vocab, bits
+def _shared_counts(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
+    """|a[r] & b[c]| for every pair of term-id sets (text.term_ids), as one matrix product of 0/1 rows."""
+    vocab = np.unique(np.concatenate(b)) if b else NO_TERMS
+    if not len(vocab) or not a:
+        return np.zeros((len(a), len(b)), np.float32)
+
+    def bits(sets: list[np.ndarray]) -> np.ndarray:
+        flat = np.concatenate(sets)
+        rows = np.repeat(np.arange(len(sets)), [len(t) for t in sets])
+        at = np.minimum(np.searchsorted(vocab, flat), len(vocab) - 1)
+        held = vocab[at] == flat
+        out = np.zeros((len(sets), len(vocab)), np.float32)
+        out[rows[held], at[held]] = 1.0
+        return out
+
+    return bits(a) @ bits(b).T
 
 
 def _first_chunks(kb: list[CandidateBatch]) -> list[tuple[CandidateBatch, int]]:
@@ -172,7 +175,7 @@ def _top_memories(mb: CandidateBatch) -> list[int]:
     memories: they are what was said, not a claim)."""
     out = []
     for j in np.argsort(-np.asarray(mb.relevance, np.float64), kind="stable").tolist():
-        if mb.sources[j].startswith("memory:"):
+        if mb.sources[j].startswith("memory:") and j not in mb.excluded:
             out.append(j)
             if len(out) == CONFLICT_MAX_MEMORIES:
                 break
@@ -184,18 +187,28 @@ def _body(text: str) -> str:
     return text.removeprefix("- ").split("] ", 1)[-1] if text.startswith("[") else text.removeprefix("- ")
 
 
-def _vectors_of(knowledge: KnowledgeService, refs: list[tuple[CandidateBatch, int]]) -> np.ndarray:
-    """The attached vectors; the missing ones embedded in one call."""
-    out = np.zeros((len(refs), knowledge.embedder.dim), np.float32)
-    for row, (b, i) in enumerate(refs):
-        if b.vectors is not None:
-            out[row] = b.vectors[i]
-    missing = np.flatnonzero(~out.any(axis=1)).tolist()
-    if missing:
-        out[missing] = knowledge.embedder.embed([_body(refs[r][0].texts[refs[r][1]]) for r in missing])
+def _per_batch(refs: list[tuple[CandidateBatch, int]]) -> list[tuple[CandidateBatch, list[int]]]:
+    """Consecutive refs grouped by batch, in order."""
+    out: list[tuple[CandidateBatch, list[int]]] = []
+    for b, i in refs:
+        if not out or out[-1][0] is not b:
+            out.append((b, []))
+        out[-1][1].append(i)
     return out
 
 
-def _terms_of(b: CandidateBatch, i: int) -> frozenset[str]:
-    return b.term_sets[i] if b.term_sets is not None and b.term_sets[i] else term_set(_body(b.texts[i]))
+def _vectors_of(knowledge: KnowledgeService, b: CandidateBatch, at: list[int]) -> np.ndarray:
+    """The vectors the batch attached for these candidates; the missing ones embedded in one call."""
+    if b.vectors is None:
+        return knowledge.embedder.embed([_body(b.texts[i]) for i in at])
+    out = np.asarray(b.vectors[at], np.float32)
+    missing = np.flatnonzero(~out.any(axis=1)).tolist()
+    if missing:
+        out[missing] = knowledge.embedder.embed([_body(b.texts[at[r]]) for r in missing])
+    return out
+
+
+def _terms_of(b: CandidateBatch, i: int) -> np.ndarray:
+    held = b.term_ids[i] if b.term_ids is not None else NO_TERMS
+    return held if len(held) else term_ids(terms(_body(b.texts[i])))
 

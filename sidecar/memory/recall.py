@@ -10,7 +10,7 @@ import numpy as np
 
 from sidecar.domain import Authority, Memory, MemoryType, Scope
 from sidecar.index.hybrid import HybridIndex
-from sidecar.text import terms
+from sidecar.text import term_ids, terms
 
 # A user-stated memory outranks an inferred one at equal relevance.
 AUTHORITY_BONUS = {Authority.USER_STATED: 0.05, Authority.TOOL_VERIFIED: 0.03, Authority.INFERRED: 0.0}
@@ -31,13 +31,13 @@ class UserMemories:
     by_subject: dict[tuple[MemoryType, str], set[str]] = field(default_factory=dict)
     # successor id -> ids it superseded (so BuildContext can say why the old ones are absent)
     superseded: dict[str, list[str]] = field(default_factory=dict)
-    _term_sets: dict[str, frozenset[str]] = field(default_factory=dict)
+    _term_ids: dict[str, np.ndarray] = field(default_factory=dict)
     _prefs: list[Memory] | None = None  # cache of top_preferences, dropped on every change
 
-    def term_set(self, memory_id: str) -> frozenset[str]:
-        cached = self._term_sets.get(memory_id)
+    def term_ids(self, memory_id: str) -> np.ndarray:
+        cached = self._term_ids.get(memory_id)
         if cached is None:
-            cached = self._term_sets[memory_id] = frozenset(terms(self.active[memory_id].content))
+            cached = self._term_ids[memory_id] = term_ids(terms(self.active[memory_id].content))
         return cached
 
     def add(self, memory: Memory, vector: np.ndarray) -> None:
@@ -49,7 +49,7 @@ class UserMemories:
 
     def remove(self, memory_id: str) -> bool:
         memory = self.active.pop(memory_id, None)
-        self._term_sets.pop(memory_id, None)
+        self._term_ids.pop(memory_id, None)
         self._prefs = None
         if memory is None:
             return False

@@ -63,7 +63,7 @@ class MemorySource:
         with self.memories._lock:
             batch.vectors = (np.stack([state.index.vector(m.memory_id) for m, _ in picked]) if picked
                              else None)
-            batch.term_sets = [state.term_set(m.memory_id) for m, _ in picked]
+            batch.term_ids = [state.term_ids(m.memory_id) for m, _ in picked]
         metas = [(0, m.updated_at_ms, None, tuple(m.source_message_ids)) for m, _ in picked]
         batch.meta = metas.__getitem__
         return [batch]
