@@ -202,6 +202,19 @@ def test_append_and_ranges(backend, scope):
     assert [m.seq for m in backend.append_messages(scope, "s2", msgs("x"), counts(1), 1)] == [1]
 
 
+def test_user_timeline_over_sessions_and_its_newest_part(backend, scope):
+    new_session(backend, scope, "late", created=2000)
+    new_session(backend, scope, "early", created=1000)
+    backend.append_messages(scope, "late", msgs("l1", "l2"), counts(2), now_ms=5)
+    backend.append_messages(scope, "early", msgs("e1", "e2", "e3"), counts(3), now_ms=6)
+    backend.append_messages(scope, "early", [NewMessage(role=Role.TOOL, text="tool out")], counts(1), now_ms=7)
+    user = [int(Role.USER)]
+    assert [m.text for m in backend.list_user_messages(scope, user)] == ["e1", "e2", "e3", "l1", "l2"]
+    assert [m.text for m in backend.list_user_messages(scope, user, newest=3)] == ["e3", "l1", "l2"]
+    assert [m.text for m in backend.list_user_messages(scope, user, newest=9)] == ["e1", "e2", "e3", "l1", "l2"]
+    assert backend.list_user_messages(Scope(scope.tenant_id, "someone-else"), user) == []
+
+
 def test_idempotency_keys(backend, scope):
     new_session(backend, scope)
     a = backend.append_messages(scope, "s1", [NewMessage(Role.USER, "hi", idempotency_key="k1")], counts(1), 10)

@@ -634,7 +634,9 @@ class EpisodicSource:
     def _load(self, scope: Scope) -> _UserIndex:
         key = (scope.tenant_id, scope.user_id)
         state = _UserIndex(dim=self.dim, window=max(self.ranking.neighbours, 1), dated=not self.ranking.date_headers)
-        rows = self._rows(scope)
+        # Read no more than the cap allows (a long history must not make this slower over time); past
+        # the cap keep the newest three quarters, so the next compaction is a quarter of the cap away.
+        rows = self._rows(scope, self.max_turns_per_user + 1)
         if len(rows) > self.max_turns_per_user:
             rows = rows[-(self.max_turns_per_user * 3 // 4):]
         state.add(rows, self.embedder, self.ranking.stem)
@@ -657,9 +659,9 @@ class EpisodicSource:
         with self._lock:
             return sum(len(s) for s in self._users.values())
 
-    def _rows(self, scope: Scope) -> list[Message]:
+    def _rows(self, scope: Scope, newest: int) -> list[Message]:
         # Sessions in creation order, turns in sequence order, so neighbours are conversational.
-        return self.store.list_user_messages(scope, [int(Role.USER), int(Role.ASSISTANT)])
+        return self.store.list_user_messages(scope, [int(Role.USER), int(Role.ASSISTANT)], newest)
 
     # ------------------------------------------------------------------ hot path
     def search(self, scope: Scope, query: str, exclude_session: str, budget_tokens: int,

@@ -198,15 +198,17 @@ class DuckDBStore:
             rows = self._query(sql + " ORDER BY seq", params)
         return [records.message_from(r) for r in rows]
 
-    def list_user_messages(self, scope: Scope, roles: Sequence[int]) -> list[Message]:
-        """Every message of the user with one of `roles`, sessions in creation order, turns in order."""
+    def list_user_messages(self, scope: Scope, roles: Sequence[int], newest: int | None = None) -> list[Message]:
+        """Every message of the user with one of `roles` (only the `newest` ones when given), sessions in
+        creation order, turns in order."""
         cols = ", ".join(f"m.{c.strip()}" for c in records.MESSAGE_COLS.split(","))
         rows = self._query(
             f"SELECT {cols} FROM messages m JOIN sessions s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id "
             f"AND s.session_id = m.session_id WHERE m.tenant_id = ? AND m.user_id = ? AND m.role IN "
-            f"({', '.join('?' * len(roles))}) ORDER BY s.created_at_ms, m.session_id, m.seq",
-            [scope.tenant_id, scope.user_id, *[int(r) for r in roles]])
-        return [records.message_from(r) for r in rows]
+            f"({', '.join('?' * len(roles))}) ORDER BY {records.user_timeline_order(newest is not None)}"
+            + (" LIMIT ?" if newest is not None else ""),
+            [scope.tenant_id, scope.user_id, *[int(r) for r in roles], *([newest] if newest is not None else [])])
+        return [records.message_from(r) for r in (rows[::-1] if newest is not None else rows)]
 
     # ------------------------------------------------------------------ facts
     def get_facts(self, scope: Scope, session_id: str) -> list[Fact]:

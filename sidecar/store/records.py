@@ -165,3 +165,10 @@ def plan_append(scope: Scope, session_id: str, messages: Sequence[NewMessage],
 
 
 PINNED_COLS = "tenant_id, user_id, session_id, message_id, idx, text, tokens, created_at_ms"
+
+
+def user_timeline_order(newest_first: bool) -> str:
+    """ORDER BY of a user's messages over all sessions (joined as m and s): sessions in creation order,
+    turns in order; reversed when only the newest are wanted (the caller reverses the rows back)."""
+    d = " DESC" if newest_first else ""
+    return f"s.created_at_ms{d}, m.session_id{d}, m.seq{d}"

@@ -1516,6 +1516,11 @@ def soak(server: Server, seconds: float, *, rate: float = 40.0, threads: int = 4
     third = seconds / 3
     first = [d for t, d, _ in lat if t < third]
     last = [d for t, d, _ in lat if t >= 2 * third]
+    # Per operation and per sixth of the run: a rising tail shows which call degrades.
+    sixth = seconds / 6
+    by_op: dict[str, list[list[float]]] = collections.defaultdict(lambda: [[] for _ in range(6)])
+    for t, d, name in lat:
+        by_op[name][min(int(t / sixth), 5)].append(d)
     warm = next((s for s in samples if s["t"] >= min(2.0, seconds / 5)), samples[0])
     end = samples[-1]
     return {"soak_seconds": seconds, "soak_requests": len(lat), "soak_rate_achieved": round(len(lat) / seconds, 1),
@@ -1526,4 +1531,5 @@ def soak(server: Server, seconds: float, *, rate: float = 40.0, threads: int = 4
             "soak_threads_start": warm["threads"], "soak_threads_end": end["threads"],
             "soak_threads_max": max(s["threads"] for s in samples),
             "soak_p99_first_ms": p99(first), "soak_p99_last_ms": p99(last),
+            "soak_p99_by_op_ms": {op: [p99(xs) for xs in parts] for op, parts in sorted(by_op.items())},
             "soak_p50_ms": round(sorted(d for _, d, _ in lat)[len(lat) // 2] * 1000, 2) if lat else 0.0}
