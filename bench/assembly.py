@@ -1,5 +1,6 @@
 """BuildContext bench (issue #4): fastpath vs its reference, in-process and gRPC latency,
-throughput with 8 client threads, a naive count-everything-then-trim baseline, greedy vs optimum.
+throughput with 8 client threads, a naive count-everything-then-trim baseline, greedy vs optimum,
+and the transport floor: a bare gRPC server answering with the same response bytes and no work.
 
 python bench/assembly.py [--quick]
 """
@@ -10,8 +11,11 @@ import argparse
 import random
 import sys
 import tempfile
+from concurrent import futures
+from pathlib import Path
 
 import fastpath_bench
+import grpc
 import scenario
 from harness import ServerProcess, emit, percentiles, throughput, time_calls
 
@@ -87,6 +91,36 @@ def naive_baseline(app: Sidecar, sid: str, synthetic: scenario.SyntheticSource, 
     return call
 
 
+def serve_floor(listen: str, payload_path: str) -> None:
+    """The transport floor: the same service path answered with fixed response bytes, no work."""
+    from sidecar.server import SERVICE_NAME
+
+    payload = Path(payload_path).read_bytes()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        SERVICE_NAME, {"BuildContext": grpc.unary_unary_rpc_method_handler(lambda raw, context: payload)})])
+    server.add_insecure_port(listen)
+    server.start()
+    print("serving on", listen, flush=True)
+    server.wait_for_termination()
+
+
+def grpc_figures(command: list[str], greq_of, n: int, seconds: float) -> tuple[dict, float, bytes]:
+    """Latency of one client and throughput of 8 client threads against a server subprocess."""
+    server = ServerProcess(command=command)
+    try:
+        greq = greq_of(server.stub)
+        stats = percentiles(time_calls(lambda: server.stub.BuildContext(greq), n))
+
+        def client(i: int):
+            stub = server.new_stub()
+            return lambda: stub.BuildContext(greq)
+
+        return stats, throughput(client, 8, seconds), server.stub.BuildContext(greq).SerializeToString()
+    finally:
+        server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -95,7 +129,10 @@ def main() -> None:
     parser.add_argument("--listen")
     parser.add_argument("--log-level")
     parser.add_argument("--metrics-port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--floor", help=argparse.SUPPRESS)
     args, _ = parser.parse_known_args()
+    if args.floor:
+        return serve_floor(args.listen, args.floor)
     if args.serve:  # the server side of the gRPC measurement, with the synthetic source plugged in
         from sidecar.server import serve
 
@@ -138,20 +175,13 @@ def main() -> None:
                                             30 if args.quick else 200, warmup=3))
     app.close()
 
-    # -- over gRPC against a sidecar subprocess
-    server = ServerProcess(command=[sys.executable, __file__, "--serve"])
-    try:
-        gsid = populate_grpc(server.stub)
-        greq = grpc_request(gsid)
-        grpc_stats = percentiles(time_calls(lambda: server.stub.BuildContext(greq), n))
-
-        def client(i: int):
-            stub = server.new_stub()
-            return lambda: stub.BuildContext(greq)
-
-        rps = throughput(client, 8, seconds)
-    finally:
-        server.stop()
+    # -- over gRPC against a sidecar subprocess, then the transport floor with its response bytes
+    grpc_stats, rps, answer = grpc_figures([sys.executable, __file__, "--serve"],
+                                           lambda stub: grpc_request(populate_grpc(stub)), n, seconds)
+    payload = Path(tempfile.mkdtemp(prefix="sidecar-floor-")) / "response.bin"
+    payload.write_bytes(answer)
+    floor_stats, floor_rps, _ = grpc_figures([sys.executable, __file__, "--floor", str(payload)],
+                                             lambda stub: grpc_request("floor"), n, seconds)
 
     quality = round(fastpath_bench.greedy_vs_optimum(fastpath, random.Random(3), 60 if args.quick else 200), 4)
     figures = {
@@ -162,13 +192,16 @@ def main() -> None:
         "fastpath_speedup": round(reference_t / compiled_t, 1),
         "inproc_p50_ms": inproc_stats["p50_ms"], "inproc_p99_ms": inproc_stats["p99_ms"],
         "grpc_p50_ms": grpc_stats["p50_ms"], "grpc_p99_ms": grpc_stats["p99_ms"],
-        "throughput_rps": rps, "baseline_p50_ms": baseline_stats["p50_ms"],
+        "throughput_rps": rps, "response_bytes": len(answer),
+        "floor_grpc_p50_ms": floor_stats["p50_ms"], "floor_grpc_p99_ms": floor_stats["p99_ms"],
+        "floor_throughput_rps": floor_rps, "baseline_p50_ms": baseline_stats["p50_ms"],
         "baseline_vs_inproc": round(baseline_stats["p50_ms"] / inproc_stats["p50_ms"], 1),
         "greedy_vs_optimum": quality,
     }
     print(f"{candidates} candidates; fastpath {compiled_t} ms vs reference {reference_t} ms; in-process p50 "
           f"{figures['inproc_p50_ms']} ms; gRPC p50 {figures['grpc_p50_ms']} ms p99 {figures['grpc_p99_ms']} ms; "
-          f"{rps} calls/s with 8 threads; naive baseline p50 {figures['baseline_p50_ms']} ms")
+          f"{rps} calls/s with 8 threads; transport floor (same {len(answer)} response bytes, no work) p50 "
+          f"{floor_stats['p50_ms']} ms, {floor_rps} calls/s; naive baseline p50 {figures['baseline_p50_ms']} ms")
     emit(figures)
 
 
