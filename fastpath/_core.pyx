@@ -1071,3 +1071,61 @@ def encode_section(int64_t kind, bodies, scores, int64_t tokens):
         return out
     finally:
         free(fbits)
+
+
+# --------------------------------------------------------------------------------------------------
+# Set overlaps (the knowledge-beats-memory rule compares each memory's terms with each chunk's)
+# --------------------------------------------------------------------------------------------------
+
+cdef list _id_sets(str name, object sets):
+    cdef list out = []
+    cdef cnp.ndarray a
+    cdef const uint64_t* p
+    cdef Py_ssize_t k, i, n
+    for k, x in enumerate(sets):
+        if (type(x) is np.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>x) == 1
+                and cnp.PyArray_TYPE(<cnp.ndarray>x) == cnp.NPY_UINT64 and cnp.PyArray_ISBEHAVED_RO(<cnp.ndarray>x)
+                and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x)):
+            a = <cnp.ndarray>x  # the normal case: no name to format, nothing to convert
+        else:
+            a = _arr(f"{name}[{k}]", x, cnp.NPY_UINT64, np.uint64, _INT_KINDS, -1)
+        p = <const uint64_t*>_ptr(a)
+        n = cnp.PyArray_DIM(a, 0)
+        for i in range(1, n):
+            if p[i] <= p[i - 1]:
+                raise ValueError(f"{name}[{k}] must be sorted and unique (text.term_ids)")
+        out.append(a)
+    return out
+
+
+def overlap_counts(a_sets, b_sets):
+    """int32[len(a_sets), len(b_sets)]: |a_sets[r] & b_sets[c]| for sorted unique uint64 id arrays,
+    by a merge walk of each pair."""
+    cdef list a = _id_sets("a_sets", a_sets), b = _id_sets("b_sets", b_sets)
+    cdef Py_ssize_t na = len(a), nb = len(b), r, c, i, j, la, lb
+    cdef cnp.npy_intp dims[2]
+    dims[0], dims[1] = na, nb
+    cdef cnp.ndarray out = <cnp.ndarray>cnp.PyArray_ZEROS(2, dims, cnp.NPY_INT32, 0)
+    cdef int32_t* o = <int32_t*>_ptr(out)
+    cdef const uint64_t* pa
+    cdef const uint64_t* pb
+    cdef int32_t shared
+    for r in range(na):
+        pa = <const uint64_t*>_ptr(<cnp.ndarray>a[r])
+        la = cnp.PyArray_DIM(<cnp.ndarray>a[r], 0)
+        for c in range(nb):
+            pb = <const uint64_t*>_ptr(<cnp.ndarray>b[c])
+            lb = cnp.PyArray_DIM(<cnp.ndarray>b[c], 0)
+            i = j = 0
+            shared = 0
+            while i < la and j < lb:
+                if pa[i] < pb[j]:
+                    i += 1
+                elif pa[i] > pb[j]:
+                    j += 1
+                else:
+                    shared += 1
+                    i += 1
+                    j += 1
+            o[r * nb + c] = shared
+    return out

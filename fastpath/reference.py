@@ -466,3 +466,19 @@ def encode_section(kind: int, bodies: Sequence[bytes], scores: Any, tokens: int)
         parts.append(_len_field(2, bytes(body) + (b"\x1d" + packed if packed != bytes(4) else b"")))
     parts.append(_int_field(3, tokens))
     return _len_field(1, b"".join(parts))
+
+
+def overlap_counts(a_sets: Sequence[Any], b_sets: Sequence[Any]) -> np.ndarray:
+    """int32[len(a_sets), len(b_sets)]: |a_sets[r] & b_sets[c]| for sorted unique uint64 id arrays."""
+
+    def ids(name: str, sets: Sequence[Any]) -> list[set[int]]:
+        out = []
+        for k, x in enumerate(sets):
+            a = _array(f"{name}[{k}]", x, np.uint64, "biu")
+            if len(a) > 1 and not bool(np.all(a[1:] > a[:-1])):
+                raise ValueError(f"{name}[{k}] must be sorted and unique (text.term_ids)")
+            out.append(set(a.tolist()))
+        return out
+
+    a, b = ids("a_sets", a_sets), ids("b_sets", b_sets)
+    return np.array([[len(x & y) for y in b] for x in a], np.int32).reshape(len(a), len(b))

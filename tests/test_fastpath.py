@@ -176,6 +176,31 @@ def test_fnv_matches_reference(data):
     assert fastpath.fnv1a64(data) == ref.fnv1a64(data)
 
 
+_ID_SETS = st.lists(st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 40), max_size=30, unique=True)
+                    .map(lambda xs: np.array(sorted(xs), np.uint64)), max_size=8)
+
+
+@FAST
+@given(_ID_SETS, _ID_SETS)
+def test_overlap_counts_match_reference(a, b):
+    got = fastpath.overlap_counts(a, b)
+    assert got.dtype == np.int32 and got.shape == (len(a), len(b))
+    assert np.array_equal(got, ref.overlap_counts(a, b))
+    for r, x in enumerate(a):  # and both are the plain set intersection
+        for c, y in enumerate(b):
+            assert got[r, c] == len(set(x.tolist()) & set(y.tolist()))
+
+
+@IMPLS
+def test_overlap_counts_need_sorted_unique_ids(impl):
+    ok = np.array([1, 2], np.uint64)
+    for bad in (np.array([2, 1], np.uint64), np.array([3, 3], np.uint64)):
+        with pytest.raises(ValueError, match=r"b_sets\[1\] must be sorted and unique"):
+            impl.overlap_counts([ok], [ok, bad])
+    with pytest.raises(ValueError, match=r"a_sets\[0\] must be 1-D"):
+        impl.overlap_counts([np.zeros((2, 2), np.uint64)], [ok])
+
+
 # --------------------------------------------------------------------------------------------------
 # Semantic rules (each checked on both implementations)
 # --------------------------------------------------------------------------------------------------

@@ -304,10 +304,6 @@ class ContextBuilder:
         return soft_sections, usage, dropped, counts, int(sel.used.sum())
 
 
-# (order key, score, tokens, wire body, batch, index in the batch) of one packed soft item.
-_Entry = tuple[float, float, int, bytes, CandidateBatch, int]
-
-
 EXCLUDED = -1  # status of a candidate a source excluded (CandidateBatch.exclude): never selected
 
 
@@ -342,32 +338,50 @@ def _owners(starts: np.ndarray, indices: np.ndarray) -> tuple[list[int], list[in
 
 def _pack_sections(live: list[CandidateBatch], sel: fastpath.Selection, starts: np.ndarray,
                    tokens: np.ndarray) -> list[PackedSection]:
-    """Packed items straight to wire bytes, each section in render order. This loop runs for every
-    packed item, so everything per batch (enum lookups, order keys) is looked up before it."""
+    """Packed items straight to wire bytes, each section in render order. Owners, sections and the
+    order inside a section are worked out in numpy; per item, Python only picks the bytes (made once
+    by sources that keep them, e.g. recent messages) or encodes them."""
     picked = sel.selected_in_order
-    fast = [b.bodies is not None and b.order is not None for b in live]
-    # Order keys of the batches that bring their own, NaN elsewhere (those order best score first).
-    keys_all = np.concatenate([np.asarray(b.order, np.float64) if f else np.full(len(b), np.nan)
-                               for b, f in zip(live, fast, strict=True)]) if live else np.zeros(0)
-    keys = keys_all[picked].tolist()
-    scores = sel.scores[picked].tolist()
-    token_list = tokens[picked].tolist()
+    k_of = np.searchsorted(starts, picked, side="right") - 1
+    ks, js = k_of.tolist(), (picked - starts[k_of]).tolist()
+    has_bodies = [b.bodies is not None and b.order is not None for b in live]
+    wires = [b.category.wire for b in live]
     slot = {s: n for n, s in enumerate(SOFT_SECTIONS)}
-    per_batch = [(slot[b.section], b.category.wire, b.bodies if f else None, b.sources, b.texts)
-                 for b, f in zip(live, fast, strict=True)]
-    buckets: list[list[_Entry]] = [[] for _ in SOFT_SECTIONS]
+    section = np.array([slot[b.section] for b in live], np.int64)[k_of]
+    scores, item_tokens = sel.scores[picked], tokens[picked]
+    keys = (np.concatenate([np.asarray(b.order, np.float64) if f else np.zeros(len(b))
+                            for b, f in zip(live, has_bodies, strict=True)]) if live else np.zeros(0))[picked]
+    bodies: list[bytes] = []
+    score_list, token_list = scores.tolist(), item_tokens.tolist()
     encode = fastpath.encode_item
-    for n, (_, k, j) in enumerate(zip(*_owners(starts, picked), strict=True)):
-        section, wire, bodies, sources, texts = per_batch[k]
-        score, item_tokens = scores[n], token_list[n]
-        if bodies is not None:
-            key, body = keys[n], bodies[j]
-        else:
-            role, ts, order_key, message_ids = _meta(live[k], j)
-            key = -score if order_key is None else order_key
-            body = encode(sources[j], wire, item_tokens, texts[j], role, ts, message_ids)
-        buckets[section].append((key, score, item_tokens, body, live[k], j))
-    return [_packed_from_entries(section, entries) for section, entries in zip(SOFT_SECTIONS, buckets, strict=True)]
+    for n, (k, j) in enumerate(zip(ks, js, strict=True)):
+        b = live[k]
+        if has_bodies[k]:
+            bodies.append(b.bodies[j])
+            continue
+        role, ts, order_key, message_ids = _meta(b, j)
+        keys[n] = -score_list[n] if order_key is None else order_key  # best score first by default
+        bodies.append(encode(b.sources[j], wires[k], token_list[n], b.texts[j], role, ts, message_ids))
+    order = np.lexsort((keys, section))  # stable: ties keep the ranking order
+    bounds = np.searchsorted(section[order], np.arange(len(SOFT_SECTIONS) + 1)).tolist()
+
+    def packed(s: int) -> PackedSection:
+        at = order[bounds[s]:bounds[s + 1]]
+        rows = at.tolist()
+
+        def items() -> list[Item]:
+            out = []
+            for n in rows:
+                b, j = live[ks[n]], js[n]
+                role, ts, _, message_ids = _meta(b, j)
+                out.append(Item(b.sources[j], b.category.wire, score_list[n], token_list[n], b.texts[j], role, ts,
+                                message_ids, float(keys[n])))
+            return out
+
+        return PackedSection(SOFT_SECTIONS[s], int(item_tokens[at].sum()), [bodies[n] for n in rows],
+                             scores[at].tolist(), items)
+
+    return [packed(s) for s in range(len(SOFT_SECTIONS))]
 
 
 def _drops(live: list[CandidateBatch], batches: list[CandidateBatch], sel: fastpath.Selection, starts: np.ndarray,
@@ -399,24 +413,6 @@ def _drops(live: list[CandidateBatch], batches: list[CandidateBatch], sel: fastp
 
 def _meta(b: CandidateBatch, j: int) -> tuple[int, int, float | None, tuple[str, ...]]:
     return b.meta(j) if b.meta else (0, 0, None, ())
-
-
-def _packed_from_entries(section: Section, entries: list[_Entry]) -> PackedSection:
-    entries.sort(key=_first)
-
-    def items() -> list[Item]:
-        out = []
-        for key, score, tokens, _, b, j in entries:
-            role, ts, _, message_ids = _meta(b, j)
-            out.append(Item(b.sources[j], b.category.wire, score, tokens, b.texts[j], role, ts, message_ids, key))
-        return out
-
-    return PackedSection(section, sum(e[2] for e in entries), [e[3] for e in entries], [e[1] for e in entries],
-                         items)
-
-
-def _first(entry: _Entry) -> float:
-    return entry[0]
 
 
 def _kind(section: PackedSection) -> Section:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import fastpath
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory, SourceDrop
 from sidecar.knowledge.graph import render_path
 from sidecar.knowledge.service import KnowledgeService
@@ -121,7 +122,7 @@ def knowledge_beats_memory(knowledge: KnowledgeService):
             # CONFLICT_CONTAINMENT counts like CONFLICT_COSINE; only for pairs already somewhat close
             # (the rest cannot be on the same subject).
             mine_terms = [_terms_of(mb, j) for j in mine]
-            shared = _shared_counts(mine_terms, kb_terms)
+            shared = fastpath.overlap_counts(mine_terms, kb_terms).astype(np.float32)
             sizes = np.array([max(len(t), 1) for t in mine_terms], np.float32)[:, None]
             contained = np.where((sims >= CONTAINMENT_FLOOR) & (shared >= CONFLICT_MIN_SHARED), shared / sizes, 0.0)
             scores = np.maximum(sims, contained * (CONFLICT_COSINE / CONFLICT_CONTAINMENT))
@@ -138,24 +139,6 @@ def knowledge_beats_memory(knowledge: KnowledgeService):
             mb.exclude(out)
 
     return resolve
-
-
-def _shared_counts(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
-    """|a[r] & b[c]| for every pair of term-id sets (text.term_ids), as one matrix product of 0/1 rows."""
-    vocab = np.unique(np.concatenate(b)) if b else NO_TERMS
-    if not len(vocab) or not a:
-        return np.zeros((len(a), len(b)), np.float32)
-
-    def bits(sets: list[np.ndarray]) -> np.ndarray:
-        flat = np.concatenate(sets)
-        rows = np.repeat(np.arange(len(sets)), [len(t) for t in sets])
-        at = np.minimum(np.searchsorted(vocab, flat), len(vocab) - 1)
-        held = vocab[at] == flat
-        out = np.zeros((len(sets), len(vocab)), np.float32)
-        out[rows[held], at[held]] = 1.0
-        return out
-
-    return bits(a) @ bits(b).T
 
 
 def _first_chunks(kb: list[CandidateBatch]) -> list[tuple[CandidateBatch, int]]:
