@@ -26,7 +26,7 @@ from harness import ROOT, ServerProcess, emit, percentiles
 from sidecar.api import context_service_pb2 as pb
 from sidecar.assembly.builder import SOFT_HEADER_RESERVE
 from sidecar.domain import Role
-from sidecar.memory.episodic import DEFAULT_RANKING, date_label, day_number, render_turn
+from sidecar.memory.episodic import DEFAULT_RANKING, MODEL_RANKING, date_label, day_number, render_turn
 from sidecar.tokens import count_tokens
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo" / "locomo10.json"
@@ -246,6 +246,10 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
     by_cat = {c: Tally() for c in CATEGORIES}
     by_half = {"conv_1_5": Tally(), "conv_6_10": Tally()}
     latencies: dict[int, list[float]] = {b: [] for b in budgets}
+    # A question's first call (its first budget) embeds the query; a model embedder keeps recent
+    # queries, so the same question at the next budgets does not run the model again.
+    first_calls: list[float] = []
+    repeat_calls: list[float] = []
     mem = {b: {"tokens": 0.0, "items": 0.0, "evidence_only_via_memory": 0.0} for b in budgets}
     stages: dict[str, list[int]] = defaultdict(list)  # server-side microseconds per stage (debug calls, untimed)
     ingest_s = 0.0
@@ -270,6 +274,7 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
                 t = time.perf_counter()
                 resp = stub.BuildContext(req)
                 latencies[b].append(time.perf_counter() - t)
+                (repeat_calls if b != budgets[0] else first_calls).append(latencies[b][-1])
                 present = context_dia_ids(resp, by_message, mem[b])
                 via = mem[b].pop("_via")
                 direct = {by_message.get(it.source[len("message:"):], "") for s in resp.sections for it in s.items
@@ -307,6 +312,8 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
         "ingest_s": round(ingest_s, 2),
         "build_p50_ms": lat["p50_ms"], "build_p99_ms": lat["p99_ms"],
         "build_ms_by_budget": {str(b): percentiles(latencies[b]) for b in budgets if latencies[b]},
+        "build_ms_new_query": percentiles(first_calls) if first_calls else {},
+        "build_ms_repeated_query": percentiles(repeat_calls) if repeat_calls else {},
         "stage_us_p50": {k: sorted(v)[len(v) // 2] for k, v in stages.items()},
         "evidence_issues": {k: len(v) for k, v in issues.items()},
         "evidence_issue_items": dict(issues),
@@ -353,17 +360,18 @@ def offline_app(cache: Path, convs: Sequence[Conversation], profile: str = "defa
     return app, maps
 
 
-def parse_ranking(spec: str):
-    """"neighbours=3,stem=false" -> DEFAULT_RANKING with those knobs replaced."""
+def parse_ranking(spec: str, base=DEFAULT_RANKING):
+    """"neighbours=3,stem=false" -> base (DEFAULT_RANKING, or MODEL_RANKING for the model profile)
+    with those knobs replaced."""
     import dataclasses
 
-    kinds = {f.name: type(getattr(DEFAULT_RANKING, f.name)) for f in dataclasses.fields(DEFAULT_RANKING)}
+    kinds = {f.name: type(getattr(base, f.name)) for f in dataclasses.fields(base)}
     changes = {}
     for part in filter(None, spec.split(",")):
         name, _, value = part.partition("=")
         kind = kinds[name.strip()]
         changes[name.strip()] = value.strip().lower() in ("1", "true", "yes") if kind is bool else kind(value)
-    return dataclasses.replace(DEFAULT_RANKING, **changes)
+    return dataclasses.replace(base, **changes)
 
 
 def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[str, str]],
@@ -414,6 +422,39 @@ def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[st
 
 
 # ---------------------------------------------------------------------------------------- server
+def model_cost(convs: Sequence[Conversation], n: int = 200) -> dict:
+    """What the local model costs, timed here with the server's settings (torch on one thread unless
+    SIDECAR_MODEL_THREADS says otherwise): load, one query (each new, no cache), and turns per second
+    embedded one at a time (as AppendMessages indexes them) and in batches (an index rebuilt from rows)."""
+    from sidecar.index.embedders import MiniLMEmbedder
+
+    t = time.perf_counter()
+    embedder = MiniLMEmbedder()
+    load_s = time.perf_counter() - t
+    embedder.CACHED_QUERIES = 0
+    questions = [q.text for c in convs for q in c.questions][:n]
+    turns = [t.text for c in convs for s in c.sessions.values() for t in s][:n]
+    for q in questions[:10]:
+        embedder.embed([q + " ?"])  # warm-up
+    spent = []
+    for q in questions:
+        t = time.perf_counter()
+        embedder.embed([q])
+        spent.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    for text in turns:
+        embedder.embed([text])
+    single = len(turns) / (time.perf_counter() - t)
+    t = time.perf_counter()
+    embedder.embed(turns)
+    batched = len(turns) / (time.perf_counter() - t)
+    import torch  # type: ignore[import-not-found]
+
+    return {"embedder": embedder.name, "torch_threads": torch.get_num_threads(), "load_s": round(load_s, 2),
+            "query_embedding_ms": percentiles(spent), "turns_per_s_one_by_one": round(single, 1),
+            "turns_per_s_batched": round(batched, 1)}
+
+
 def make_app(db_path: str, profile: str = "default"):
     from sidecar.app import Settings, Sidecar
     from sidecar.memory.episodic import EpisodicSource
@@ -425,7 +466,7 @@ def make_app(db_path: str, profile: str = "default"):
         app = Sidecar(db_path, Settings(embedder="minilm"), embedder=embedder)
         # app.py wires an EpisodicSource over the hashed embedding; this profile gives it the model.
         source = next(s for s in app.builder.sources if isinstance(s, EpisodicSource))
-        source.embedder, source.dim = embedder, embedder.dim
+        source.use_model(embedder)  # and its ranking, MODEL_RANKING
     else:
         app = Sidecar(db_path)  # app.py wires the episodic source (a second one here would double the work)
     return app
@@ -451,12 +492,22 @@ def write_results(figures: dict, profile: str, budgets: Sequence[int]) -> None:
               f"p50 {figures['build_p50_ms']} ms, p99 {figures['build_p99_ms']} ms (all budgets); by budget: "
               + ", ".join(f"{int(b) // 1000}k p50 {v['p50_ms']} / p99 {v['p99_ms']} ms"
                           for b, v in figures["build_ms_by_budget"].items()) + ".",
+              f"A question's first call (the query is embedded) p50 {figures['build_ms_new_query'].get('p50_ms')} / "
+              f"p99 {figures['build_ms_new_query'].get('p99_ms')} ms; the same question at the next budgets "
+              f"p50 {figures['build_ms_repeated_query'].get('p50_ms')} / "
+              f"p99 {figures['build_ms_repeated_query'].get('p99_ms')} ms.",
               f"Server-side stages at 4k, p50 µs: {figures['stage_us_p50']}.",
               "Extracted memories per question (tokens, items, evidence turns found only through them): "
               + ", ".join(f"{int(b) // 1000}k {v['tokens']:.0f} tok / {v['items']:.1f} items / "
                           f"{v['evidence_only_via_memory']:.3f}" for b, v in figures["memories_per_question"].items())
               + ".",
-              f"Evidence ids repaired or unmatched: {figures['evidence_issues']}.", ""]
+              f"Evidence ids repaired or unmatched: {figures['evidence_issues']}."]
+    if "model_cost" in figures:
+        m = figures["model_cost"]
+        lines.append(f"Model {m['embedder']} (torch threads {m['torch_threads']}): load {m['load_s']} s; one query "
+                     f"embedding p50 {m['query_embedding_ms']['p50_ms']} / p99 {m['query_embedding_ms']['p99_ms']} ms; "
+                     f"turns embedded {m['turns_per_s_one_by_one']}/s one by one, {m['turns_per_s_batched']}/s batched.")
+    lines.append("")
     (RESULTS / f"recall-{profile}.md").write_text("\n".join(lines))
     try:
         import matplotlib  # type: ignore[import-not-found]
@@ -508,7 +559,8 @@ def main() -> None:
     if args.offline:
         app, maps = offline_app(Path(args.offline), convs, args.profile)
         try:
-            figures = offline_evaluate(app, convs, maps, budgets, parse_ranking(args.ranking))
+            base = MODEL_RANKING if args.profile == "model" else DEFAULT_RANKING
+            figures = offline_evaluate(app, convs, maps, budgets, parse_ranking(args.ranking, base))
         finally:
             app.close()
         emit(figures)
@@ -520,6 +572,8 @@ def main() -> None:
         server.stop()
     figures["profile"] = args.profile
     figures["conversations"] = len(convs)
+    if args.profile == "model":
+        figures["model_cost"] = model_cost(convs)
     if not args.quick:
         write_results(figures, args.profile, budgets)
     slim = {k: v for k, v in figures.items() if k != "evidence_issue_items"}

