@@ -2,6 +2,7 @@
 
 python bench/adversity.py [--quick] [--crash-cycles N] [--fuzz-requests N] [--isolation-queries N]
                           [--soak-seconds S] [--soak-rate R] [--postgres]
+                          [--soak-serve-args ARGS] [--only crash fuzz isolation forget soak]
 
 --quick (under two minutes): 3 crash cycles, 3,000 fuzzed requests, 1,500 isolation queries, a 15 s
 soak. Default: 20 cycles, 100,000 requests, 10,000 queries, a 2-minute soak. The last line printed
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shlex
 import sys
 import tempfile
 import time
@@ -66,6 +68,83 @@ def isolation_postgres(tmp: Path, queries: int) -> dict:
         admin.close()
 
 
+def crash_part(tmp: Path, cycles: int) -> dict:
+    t = time.monotonic()
+    crash = CrashLoop(str(tmp / "crash.duckdb"), seed=7, up_s=(0.5, 1.5), early_kill_p=0.2, log=log).run(cycles)
+    out = {k: crash.get(k, 0) for k in ("crash_cycles", "acked_writes", "found_writes", "lost_writes",
+                                        "duplicate_writes", "torn_batches", "memory_index_misses",
+                                        "kb_index_misses", "jobs_unfinished", "jobs_failed",
+                                        "retried_batches", "early_kills")}
+    out["crash_problems"] = crash["problems"][:5]
+    out["crash_seconds"] = round(time.monotonic() - t, 1)
+    log("crash", {k: out[k] for k in ("crash_cycles", "acked_writes", "lost_writes")})
+    return out
+
+
+def fuzz_part(tmp: Path, requests: int, quick: bool) -> dict:
+    """Fuzzed requests for every RPC, then garbage on the port."""
+    t = time.monotonic()
+    out: dict[str, object] = {}
+    server = Server(str(tmp / "fuzz.duckdb"))
+    try:
+        f = Fuzzer(server, seed=11)
+        f.every_rpc_once()
+        f.run_hypothesis(requests, per_example=10)
+        out.update(f.report())
+        out.update(raw_garbage(server.address, random.Random(1), rounds=4 if quick else 40))
+        pg = raw_protobuf_garbage(server.address, random.Random(2), per_method=2 if quick else 20)
+        out.update({k: v for k, v in pg.items() if k != "protobuf_garbage_examples"})
+        alive = server.alive() and server.healthy()
+        out["fuzz_crashes"] = 0 if alive else 1
+        out["fuzz_logged_internal_errors"] = len(server.internal_logs)
+    finally:
+        server.stop()
+    out["fuzz_seconds"] = round(time.monotonic() - t, 1)
+    log("fuzz", {k: out[k] for k in ("fuzz_requests", "fuzz_crashes", "fuzz_internal")})
+    return out
+
+
+def isolation_part(tmp: Path, queries: int, postgres: bool) -> dict:
+    """The sweep on DuckDB; on PostgreSQL too with --postgres."""
+    t = time.monotonic()
+    running = Running(str(tmp / "iso.duckdb"))
+    try:
+        world = IsolationWorld(running.stub)
+        world.seed()
+        world.load_truth(duckdb_sql(running.app))
+        r = world.sweep(queries)
+    finally:
+        running.stop()
+    out: dict[str, object] = {k: r[k] for k in ("isolation_queries", "isolation_leaks", "isolation_unknown_tags")}
+    out["isolation_items_checked"] = r["isolation_counts"].get("items_checked", 0)
+    out["isolation_leak_examples"] = r["isolation_leak_examples"][:3]
+    if postgres:
+        out.update(isolation_postgres(tmp, queries))
+    out["isolation_seconds"] = round(time.monotonic() - t, 1)
+    log("isolation", {k: out[k] for k in ("isolation_queries", "isolation_leaks")})
+    return out
+
+
+def forget_part(tmp: Path) -> dict:
+    r = forget_residue(Running(str(tmp / "forget.duckdb")))
+    out = {k: r[k] for k in ("forget_residue", "forget_other_users_changed", "forget_db_file_mentions")}
+    out["forget_residue_examples"] = r["forget_residue_examples"][:3]
+    return out
+
+
+def soak_part(tmp: Path, seconds: float, rate: float, bounds: list[str]) -> dict:
+    server = Server(str(tmp / "soak.duckdb"), extra=bounds)
+    try:
+        r = soak(server, seconds, rate=rate)
+    finally:
+        server.stop()
+    log("soak", {k: r[k] for k in ("soak_rss_start_mb", "soak_rss_end_mb", "soak_p99_first_ms", "soak_p99_last_ms")})
+    return {k: v for k, v in r.items() if k != "soak_errors"}
+
+
+PARTS = ("crash", "fuzz", "isolation", "forget", "soak")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small numbers, under two minutes")
@@ -75,79 +154,27 @@ def main() -> None:
     p.add_argument("--soak-seconds", type=float)
     p.add_argument("--soak-rate", type=float, default=40.0)
     p.add_argument("--postgres", action="store_true", help="also sweep isolation on PostgreSQL (--store)")
+    p.add_argument("--soak-serve-args", default="", metavar="ARGS",
+                   help="serve options for the soak's sidecar, e.g. '--cache-messages 2000 --episodic-turns 2000 "
+                        "--duckdb-memory 64MB' (small caches fill early, so the RSS must level off)")
+    p.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS),
+                   help="run only these parts (the JSON then holds only their keys)")
     a = p.parse_args()
-    cycles = a.crash_cycles or (3 if a.quick else 20)
-    fuzz_n = a.fuzz_requests or (3000 if a.quick else 100_000)
-    iso_n = a.isolation_queries or (1500 if a.quick else 10_000)
-    soak_s = a.soak_seconds or (15.0 if a.quick else 120.0)
-    out: dict[str, object] = {"bench": "adversity", "quick": a.quick}
+    out: dict[str, object] = {"bench": "adversity", "quick": a.quick, "parts": a.only, "soak_serve_args": a.soak_serve_args}
     started = time.monotonic()
-
     with tempfile.TemporaryDirectory(prefix="adversity-") as d:
         tmp = Path(d)
-        # 1. crash loop
-        t = time.monotonic()
-        crash = CrashLoop(str(tmp / "crash.duckdb"), seed=7, up_s=(0.5, 1.5), early_kill_p=0.2, log=log).run(cycles)
-        out.update({k: crash.get(k, 0) for k in ("crash_cycles", "acked_writes", "found_writes", "lost_writes",
-                                                 "duplicate_writes", "torn_batches", "memory_index_misses",
-                                                 "kb_index_misses", "jobs_unfinished", "jobs_failed",
-                                                 "retried_batches", "early_kills")})
-        out["crash_problems"] = crash["problems"][:5]
-        out["crash_seconds"] = round(time.monotonic() - t, 1)
-        log("crash", {k: out[k] for k in ("crash_cycles", "acked_writes", "lost_writes")})
-
-        # 2. fuzzing, garbage on the port
-        t = time.monotonic()
-        server = Server(str(tmp / "fuzz.duckdb"))
-        try:
-            f = Fuzzer(server, seed=11)
-            f.every_rpc_once()
-            f.run_hypothesis(fuzz_n, per_example=10)
-            r = f.report()
-            out.update(r)
-            out.update(raw_garbage(server.address, random.Random(1), rounds=4 if a.quick else 40))
-            pg = raw_protobuf_garbage(server.address, random.Random(2), per_method=2 if a.quick else 20)
-            out.update({k: v for k, v in pg.items() if k != "protobuf_garbage_examples"})
-            alive = server.alive() and server.healthy()
-            out["fuzz_crashes"] = 0 if alive else 1
-            out["fuzz_logged_internal_errors"] = len(server.internal_logs)
-        finally:
-            server.stop()
-        out["fuzz_seconds"] = round(time.monotonic() - t, 1)
-        log("fuzz", {k: out[k] for k in ("fuzz_requests", "fuzz_crashes", "fuzz_internal")})
-
-        # 3. isolation sweep (DuckDB; PostgreSQL with --postgres)
-        t = time.monotonic()
-        running = Running(str(tmp / "iso.duckdb"))
-        try:
-            world = IsolationWorld(running.stub)
-            world.seed()
-            world.load_truth(duckdb_sql(running.app))
-            r = world.sweep(iso_n)
-        finally:
-            running.stop()
-        out.update({k: r[k] for k in ("isolation_queries", "isolation_leaks", "isolation_unknown_tags")})
-        out["isolation_items_checked"] = r["isolation_counts"].get("items_checked", 0)
-        out["isolation_leak_examples"] = r["isolation_leak_examples"][:3]
-        if a.postgres:
-            out.update(isolation_postgres(tmp, iso_n))
-        out["isolation_seconds"] = round(time.monotonic() - t, 1)
-        log("isolation", {k: out[k] for k in ("isolation_queries", "isolation_leaks")})
-
-        # 4. forget-user residue
-        r = forget_residue(Running(str(tmp / "forget.duckdb")))
-        out.update({k: r[k] for k in ("forget_residue", "forget_other_users_changed", "forget_db_file_mentions")})
-        out["forget_residue_examples"] = r["forget_residue_examples"][:3]
-
-        # 5. soak
-        server = Server(str(tmp / "soak.duckdb"))
-        try:
-            r = soak(server, soak_s, rate=a.soak_rate)
-        finally:
-            server.stop()
-        out.update({k: v for k, v in r.items() if k != "soak_errors"})
-        log("soak", {k: r[k] for k in ("soak_rss_start_mb", "soak_rss_end_mb", "soak_p99_first_ms", "soak_p99_last_ms")})
-
+        runs = {
+            "crash": lambda: crash_part(tmp, a.crash_cycles or (3 if a.quick else 20)),
+            "fuzz": lambda: fuzz_part(tmp, a.fuzz_requests or (3000 if a.quick else 100_000), a.quick),
+            "isolation": lambda: isolation_part(tmp, a.isolation_queries or (1500 if a.quick else 10_000), a.postgres),
+            "forget": lambda: forget_part(tmp),
+            "soak": lambda: soak_part(tmp, a.soak_seconds or (15.0 if a.quick else 120.0), a.soak_rate,
+                                    shlex.split(a.soak_serve_args)),
+        }
+        for part in PARTS:
+            if part in a.only:
+                out.update(runs[part]())
     out["seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(out, sort_keys=True, default=str))
 

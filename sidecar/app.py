@@ -19,7 +19,7 @@ from sidecar.jobs import JobWorker, requeue_interrupted
 from sidecar.knowledge.service import INDEX_JOB, KnowledgeService
 from sidecar.knowledge.source import KnowledgeSource, knowledge_beats_memory
 from sidecar.llm import ChatClient
-from sidecar.memory.episodic import EpisodicSource
+from sidecar.memory.episodic import MAX_TOTAL_TURNS, EpisodicSource
 from sidecar.memory.extract import Extractor, LLMExtractor, RuleBasedExtractor
 from sidecar.memory.pipeline import EXTRACT_JOB, ExtractionPipeline
 from sidecar.memory.service import MemoryService
@@ -29,6 +29,8 @@ from sidecar.services.runs import RunService
 from sidecar.services.sessions import SessionService
 from sidecar.services.turns import TurnService
 from sidecar.store import is_postgres, open_store
+from sidecar.store.cache import MAX_CACHED_VIEW_MESSAGES
+from sidecar.store.duckdb_store import DEFAULT_MEMORY_LIMIT
 
 log = logging.getLogger("sidecar")
 
@@ -45,6 +47,11 @@ class Settings:
     knowledge_threshold: float = 0.2
     feed_poll_ms: int = 500
     index_save_every_s: float = 30.0
+    # Memory bounds of the in-process caches (a pod has a memory limit): messages held by the cached
+    # session views, and past turns held by the episodic index over all users.
+    cache_messages: int = MAX_CACHED_VIEW_MESSAGES
+    episodic_turns: int = MAX_TOTAL_TURNS
+    duckdb_memory: str = DEFAULT_MEMORY_LIMIT  # DuckDB's buffer pool
 
 
 def default_extractor() -> Extractor:
@@ -63,7 +70,8 @@ class Sidecar:
     def __init__(self, db_path: str, settings: Settings = Settings(), *, embedder: Embedder | None = None,
                  extractor: Extractor | None = None, summarizer: Summarizer | None = None) -> None:
         self.settings = settings
-        self.store = open_store(db_path)
+        self.store = open_store(db_path, cache_messages=settings.cache_messages,
+                                duckdb_memory=settings.duckdb_memory)
         self.embedder = embedder or make_embedder(settings.embedder)
         self.sessions = SessionService(self.store)
         self.facts = FactService(self.sessions)
@@ -92,7 +100,7 @@ class Sidecar:
              KnowledgeSource(self.knowledge)],
             pinned=pinned_items, resolvers=[knowledge_beats_memory(self.knowledge)])
         # Episodic recall: the user's past turns from other sessions, indexed as they are appended.
-        self.episodic = EpisodicSource(self.store)
+        self.episodic = EpisodicSource(self.store, max_total_turns=settings.episodic_turns)
         self.builder.sources.append(self.episodic)
         self.store.append_listeners.append(self.episodic.on_append)
         self.memories.on_forget(self.episodic.forget)

@@ -6,6 +6,15 @@ import argparse
 import logging
 import os
 
+from sidecar.memory.episodic import MAX_TOTAL_TURNS
+from sidecar.store.cache import MAX_CACHED_VIEW_MESSAGES
+from sidecar.store.duckdb_store import DEFAULT_MEMORY_LIMIT
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.strip() else default
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sidecar", description="Context Sidecar")
@@ -24,6 +33,14 @@ def main(argv: list[str] | None = None) -> int:
                        help="serve Prometheus metrics on 127.0.0.1:PORT (default off)")
     serve.add_argument("--rate-per-tenant", type=float, default=float(os.environ.get("SIDECAR_RATE_PER_TENANT", "0")),
                        help="requests/s allowed per tenant before RESOURCE_EXHAUSTED (default 0: no limit)")
+    serve.add_argument("--cache-messages", type=int, default=_env_int("SIDECAR_CACHE_MESSAGES", MAX_CACHED_VIEW_MESSAGES),
+                       help="messages the cached session views hold in all, least recently used out "
+                            f"(env SIDECAR_CACHE_MESSAGES, default {MAX_CACHED_VIEW_MESSAGES:,})")
+    serve.add_argument("--episodic-turns", type=int, default=_env_int("SIDECAR_EPISODIC_TURNS", MAX_TOTAL_TURNS),
+                       help="past turns the episodic index holds over all users, least recently used out "
+                            f"(env SIDECAR_EPISODIC_TURNS, default {MAX_TOTAL_TURNS:,})")
+    serve.add_argument("--duckdb-memory", default=os.environ.get("SIDECAR_DUCKDB_MEMORY", DEFAULT_MEMORY_LIMIT),
+                       help=f"DuckDB's buffer pool limit (env SIDECAR_DUCKDB_MEMORY, default {DEFAULT_MEMORY_LIMIT})")
     migrate = sub.add_parser("migrate", help="apply the versioned schema to a store and print its version")
     migrate.add_argument("--db", default="./data/sidecar.duckdb")
     migrate.add_argument("--store", default=os.environ.get("SIDECAR_STORE"))
@@ -47,8 +64,15 @@ def main(argv: list[str] | None = None) -> int:
         backend.close()
         return 0
     if args.command == "serve":
+        from sidecar.app import Settings, Sidecar
         from sidecar.server import serve as run_server
 
+        for name in ("cache_messages", "episodic_turns"):
+            if getattr(args, name) < 1:
+                parser.error(f"--{name.replace('_', '-')} must be at least 1")
+        settings = Settings(cache_messages=args.cache_messages, episodic_turns=args.episodic_turns,
+                            duckdb_memory=args.duckdb_memory)
         return run_server(args.store or args.db, listen=args.listen, uds=args.uds, auth_token=args.auth_token,
-                          metrics_port=args.metrics_port, rate_per_tenant=args.rate_per_tenant)
+                          metrics_port=args.metrics_port, rate_per_tenant=args.rate_per_tenant,
+                          app_factory=lambda db: Sidecar(db, settings))
     return 2

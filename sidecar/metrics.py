@@ -49,11 +49,11 @@ def observe_build(result) -> None:
         _child(ITEMS_DROPPED, DROP_REASONS.get(reason, str(reason))).inc(count)
 
 
-def bind_gauges(queue_depth: Callable[[], float], memory_entries: Callable[[], float],
-                knowledge_entries: Callable[[], float]) -> None:
+def bind_gauges(queue_depth: Callable[[], float], index_entries: dict[str, Callable[[], float]]) -> None:
+    """Gauges read when scraped: the job queue, and the entries of each in-process index or cache."""
     JOB_QUEUE.set_function(queue_depth)
-    INDEX_SIZE.labels("memories").set_function(memory_entries)
-    INDEX_SIZE.labels("knowledge").set_function(knowledge_entries)
+    for name, entries in index_entries.items():
+        INDEX_SIZE.labels(name).set_function(entries)
 
 
 def serve_metrics(port: int, addr: str = "127.0.0.1") -> None:

@@ -185,7 +185,9 @@ def serve(db_path: str, *, listen: str | None, uds: str | None, auth_token: str 
     server, port, health_servicer = build_server(app, listen=listen, uds=uds, auth_token=auth_token,
                                                  rate_per_tenant=rate_per_tenant)
     if metrics_port:
-        metrics.bind_gauges(app.queue_depth, app.memories.entry_count, app.knowledge.entry_count)
+        metrics.bind_gauges(app.queue_depth, {
+            "memories": app.memories.entry_count, "knowledge": app.knowledge.entry_count,
+            "episodic_turns": app.episodic.indexed_total, "cached_messages": lambda: app.store.cached_view_messages})
         metrics.serve_metrics(metrics_port)
     server.start()
     where = f"unix:{uds}" if uds else f"{(listen or '127.0.0.1:50051').rsplit(':', 1)[0]}:{port}"

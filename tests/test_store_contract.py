@@ -706,14 +706,12 @@ def test_both_backends_implement_the_whole_protocol():
             assert ours == theirs, (backend.__name__, n, ours, theirs)
 
 
-def test_session_cache_is_bounded_by_messages(tmp_path, scope, monkeypatch):
+def test_session_cache_is_bounded_by_messages(tmp_path, scope):
     """Views are evicted least recently used first once they hold too many messages together; an
     evicted session reads back whole from the database."""
-    from sidecar.store import cache
     from sidecar.store.cache import CachingStore
 
-    monkeypatch.setattr(cache, "MAX_CACHED_VIEW_MESSAGES", 25)
-    store = CachingStore(DuckDBStore(str(tmp_path / "c.duckdb")))
+    store = CachingStore(DuckDBStore(str(tmp_path / "c.duckdb")), max_view_messages=25)
     try:
         for n in range(6):
             sid = f"s{n}"

@@ -604,7 +604,7 @@ class EpisodicSource:
         self.dim = embedder.dim if embedder is not None else dim
         self.ranking = ranking
         self.max_users = max_users
-        self.max_turns_per_user = max(max_turns_per_user, 4)
+        self.max_turns_per_user = max(min(max_turns_per_user, max_total_turns), 4)
         self.max_total_turns = max(max_total_turns, self.max_turns_per_user)
         self._users: OrderedDict[tuple[str, str], _UserIndex] = OrderedDict()
         self._lock = threading.RLock()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from sidecar.store.base import Store
-from sidecar.store.cache import CachingStore
-from sidecar.store.duckdb_store import DuckDBStore
+from sidecar.store.cache import MAX_CACHED_VIEW_MESSAGES, CachingStore
+from sidecar.store.duckdb_store import DEFAULT_MEMORY_LIMIT, DuckDBStore
 
 POSTGRES_SCHEMES = ("postgres://", "postgresql://")
 
@@ -15,11 +15,11 @@ def is_postgres(url: str) -> bool:
     return url.startswith(POSTGRES_SCHEMES)
 
 
-def open_backend(url: str):
-    """A DuckDB file path, or a postgres:// URL (an optional `schema=` query parameter picks the
-    schema; the rest goes to libpq)."""
+def open_backend(url: str, *, duckdb_memory: str = DEFAULT_MEMORY_LIMIT):
+    """A DuckDB file path (its buffer pool capped at `duckdb_memory`), or a postgres:// URL (an
+    optional `schema=` query parameter picks the schema; the rest goes to libpq)."""
     if not is_postgres(url):
-        return DuckDBStore(url)
+        return DuckDBStore(url, memory_limit=duckdb_memory)
     from sidecar.store.postgres_store import PostgresStore
 
     parts = urlsplit(url)
@@ -29,9 +29,10 @@ def open_backend(url: str):
     return PostgresStore(dsn, schema=schema)
 
 
-def open_store(url: str) -> CachingStore:
-    """The backend for `url` with the hot-read cache in front of it."""
-    return CachingStore(open_backend(url))
+def open_store(url: str, *, cache_messages: int = MAX_CACHED_VIEW_MESSAGES,
+               duckdb_memory: str = DEFAULT_MEMORY_LIMIT) -> CachingStore:
+    """The backend for `url` with the hot-read cache (at most `cache_messages` messages) in front of it."""
+    return CachingStore(open_backend(url, duckdb_memory=duckdb_memory), max_view_messages=cache_messages)
 
 
 __all__ = ["Store", "CachingStore", "DuckDBStore", "open_backend", "open_store", "is_postgres"]

@@ -115,8 +115,9 @@ class SessionView:
 class CachingStore:
     """Implements the Store protocol by delegating to `backend`, caching hot session reads."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, *, max_view_messages: int = MAX_CACHED_VIEW_MESSAGES) -> None:
         self.backend = backend
+        self.max_view_messages = max_view_messages
         self._views: OrderedDict[tuple[str, str, str], SessionView] = OrderedDict()
         self._view_messages = 0  # sum of len(view.messages) over the cached views
         self._lock = threading.RLock()
@@ -157,7 +158,7 @@ class CachingStore:
     def _trim(self) -> None:
         # The newest view always stays, however big: the call that loaded it is using it.
         while len(self._views) > 1 and (len(self._views) > MAX_CACHED_SESSIONS
-                                        or self._view_messages > MAX_CACHED_VIEW_MESSAGES):
+                                        or self._view_messages > self.max_view_messages):
             _, old = self._views.popitem(last=False)
             self._view_messages -= len(old.messages)
 

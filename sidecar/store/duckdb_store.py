@@ -8,7 +8,6 @@ CachingStore, and batch writes use one multi-row INSERT instead of a statement p
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -49,13 +48,16 @@ from sidecar.store.schema import MIGRATIONS
 _INSERT_CHUNK = 200
 
 
+# A sidecar shares its pod: cap DuckDB's buffer pool (its default is 80 % of the machine's RAM).
+DEFAULT_MEMORY_LIMIT = "512MB"
+
+
 class DuckDBStore:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, memory_limit: str = DEFAULT_MEMORY_LIMIT) -> None:
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        # A sidecar shares its pod: cap DuckDB's buffer pool (its default is 80 % of the machine's RAM).
-        self._conn = duckdb.connect(path, config={"memory_limit": os.environ.get("SIDECAR_DUCKDB_MEMORY", "512MB")})
+        self._conn = duckdb.connect(path, config={"memory_limit": memory_limit})
         self._lock = threading.RLock()
         self._next_seq: dict[tuple[str, str, str], int] = {}
         self._history_seq = 0

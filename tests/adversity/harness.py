@@ -1522,11 +1522,14 @@ def soak(server: Server, seconds: float, *, rate: float = 40.0, threads: int = 4
     for t, d, name in lat:
         by_op[name][min(int(t / sixth), 5)].append(d)
     warm = next((s for s in samples if s["t"] >= min(2.0, seconds / 5)), samples[0])
+    # RSS at the end of each sixth: growth that levels off once the caches are full is bounded.
+    rss_by_sixth = [next((s["rss_mb"] for s in reversed(samples) if s["t"] <= sixth * (k + 1)), warm["rss_mb"])
+                    for k in range(6)]
     end = samples[-1]
     return {"soak_seconds": seconds, "soak_requests": len(lat), "soak_rate_achieved": round(len(lat) / seconds, 1),
             "soak_codes": dict(codes), "soak_errors": errors[:5],
             "soak_rss_start_mb": warm["rss_mb"], "soak_rss_end_mb": end["rss_mb"],
-            "soak_rss_max_mb": max(s["rss_mb"] for s in samples),
+            "soak_rss_max_mb": max(s["rss_mb"] for s in samples), "soak_rss_by_sixth_mb": rss_by_sixth,
             "soak_fds_start": warm["fds"], "soak_fds_end": end["fds"], "soak_fds_max": max(s["fds"] for s in samples),
             "soak_threads_start": warm["threads"], "soak_threads_end": end["threads"],
             "soak_threads_max": max(s["threads"] for s in samples),
