@@ -17,7 +17,7 @@ from pathlib import Path
 import fastpath_bench
 import grpc
 import scenario
-from harness import ServerProcess, emit, percentiles, throughput, time_calls
+from harness import ServerProcess, emit, percentiles, throughput_cpu, time_calls
 
 import fastpath
 from sidecar import convert, tokens
@@ -105,8 +105,9 @@ def serve_floor(listen: str, payload_path: str) -> None:
     server.wait_for_termination()
 
 
-def grpc_figures(command: list[str], greq_of, n: int, seconds: float) -> tuple[dict, float, bytes]:
-    """Latency of one client and throughput of 8 client threads against a server subprocess."""
+def grpc_figures(command: list[str], greq_of, n: int, seconds: float) -> tuple[dict, dict, bytes]:
+    """Latency of one client, and throughput of 8 client threads with the CPU per call of either
+    side, against a server subprocess."""
     server = ServerProcess(command=command)
     try:
         greq = greq_of(server.stub)
@@ -116,7 +117,8 @@ def grpc_figures(command: list[str], greq_of, n: int, seconds: float) -> tuple[d
             stub = server.new_stub()
             return lambda: stub.BuildContext(greq)
 
-        return stats, throughput(client, 8, seconds), server.stub.BuildContext(greq).SerializeToString()
+        return (stats, throughput_cpu(client, 8, seconds, server.proc.pid),
+                server.stub.BuildContext(greq).SerializeToString())
     finally:
         server.stop()
 
@@ -176,11 +178,11 @@ def main() -> None:
     app.close()
 
     # -- over gRPC against a sidecar subprocess, then the transport floor with its response bytes
-    grpc_stats, rps, answer = grpc_figures([sys.executable, __file__, "--serve"],
+    grpc_stats, load, answer = grpc_figures([sys.executable, __file__, "--serve"],
                                            lambda stub: grpc_request(populate_grpc(stub)), n, seconds)
     payload = Path(tempfile.mkdtemp(prefix="sidecar-floor-")) / "response.bin"
     payload.write_bytes(answer)
-    floor_stats, floor_rps, _ = grpc_figures([sys.executable, __file__, "--floor", str(payload)],
+    floor_stats, floor_load, _ = grpc_figures([sys.executable, __file__, "--floor", str(payload)],
                                              lambda stub: grpc_request("floor"), n, seconds)
 
     quality = round(fastpath_bench.greedy_vs_optimum(fastpath, random.Random(3), 60 if args.quick else 200), 4)
@@ -192,16 +194,23 @@ def main() -> None:
         "fastpath_speedup": round(reference_t / compiled_t, 1),
         "inproc_p50_ms": inproc_stats["p50_ms"], "inproc_p99_ms": inproc_stats["p99_ms"],
         "grpc_p50_ms": grpc_stats["p50_ms"], "grpc_p99_ms": grpc_stats["p99_ms"],
-        "throughput_rps": rps, "response_bytes": len(answer),
+        "throughput_rps": load["rps"], "response_bytes": len(answer),
+        # CPU per call under the 8-thread load, and the calls/s all cores could serve at that cost.
+        "client_cpu_ms_per_call": load["client_cpu_ms"], "server_cpu_ms_per_call": load["server_cpu_ms"],
+        "cpu_bound_rps": load["cpu_bound_rps"],
         "floor_grpc_p50_ms": floor_stats["p50_ms"], "floor_grpc_p99_ms": floor_stats["p99_ms"],
-        "floor_throughput_rps": floor_rps, "baseline_p50_ms": baseline_stats["p50_ms"],
+        "floor_throughput_rps": floor_load["rps"], "floor_client_cpu_ms_per_call": floor_load["client_cpu_ms"],
+        "floor_server_cpu_ms_per_call": floor_load["server_cpu_ms"], "baseline_p50_ms": baseline_stats["p50_ms"],
         "baseline_vs_inproc": round(baseline_stats["p50_ms"] / inproc_stats["p50_ms"], 1),
         "greedy_vs_optimum": quality,
     }
     print(f"{candidates} candidates; fastpath {compiled_t} ms vs reference {reference_t} ms; in-process p50 "
           f"{figures['inproc_p50_ms']} ms; gRPC p50 {figures['grpc_p50_ms']} ms p99 {figures['grpc_p99_ms']} ms; "
-          f"{rps} calls/s with 8 threads; transport floor (same {len(answer)} response bytes, no work) p50 "
-          f"{floor_stats['p50_ms']} ms, {floor_rps} calls/s; naive baseline p50 {figures['baseline_p50_ms']} ms")
+          f"{load['rps']} calls/s with 8 threads (CPU per call: client {load['client_cpu_ms']} ms, server "
+          f"{load['server_cpu_ms']} ms); transport floor (same {len(answer)} response bytes, no work) p50 "
+          f"{floor_stats['p50_ms']} ms, {floor_load['rps']} calls/s (CPU per call: client "
+          f"{floor_load['client_cpu_ms']} ms, server {floor_load['server_cpu_ms']} ms); naive baseline p50 "
+          f"{figures['baseline_p50_ms']} ms")
     emit(figures)
 
 

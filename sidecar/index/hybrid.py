@@ -24,6 +24,7 @@ class Hit:
     score: float
     dense: float
     lexical: float
+    vector: np.ndarray  # the row's vector (a view of one copy made per search)
 
 
 class HybridIndex:
@@ -35,10 +36,14 @@ class HybridIndex:
         self._ef, self._m = ef, m
         self._vectors = np.zeros((64, dim), np.float32)
         self._alive = np.zeros(64, bool)
+        # Added to a row's fused score (a memory's authority): ranking needs no over-fetch to apply it.
+        self._prior = np.zeros(64, np.float32)
         self._keys: list[str | None] = []
         self._row_of: dict[str, int] = {}
         self._doc_len = np.zeros(64, np.float32)
         self._postings: dict[str, tuple[list[int], list[int]]] = {}
+        # term -> (rows, BM25 weight of the term in each row), built on first read; every write
+        # changes the document count or average length, so writes clear it.
         self._posting_arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._terms_of: list[tuple[str, ...]] = []
         self._hnsw: hnswlib.Index | None = None
@@ -58,22 +63,27 @@ class HybridIndex:
         return self._vectors[self._row_of[key]].copy()
 
     # ------------------------------------------------------------------ writes
-    def add(self, key: str, vector: np.ndarray, terms: Sequence[str]) -> None:
-        row = self._add_row(key, vector, terms)
+    def add(self, key: str, vector: np.ndarray, terms: Sequence[str], prior: float = 0.0) -> None:
+        row = self._add_row(key, vector, terms, prior)
         if self._hnsw is not None:
             self._hnsw_add([row])
         elif len(self._row_of) > self.hnsw_threshold:
             self._build_hnsw()
 
-    def add_many(self, items: Iterable[tuple[str, np.ndarray, Sequence[str]]]) -> None:
+    def add_many(self, items: Iterable[tuple[str, np.ndarray, Sequence[str]]], priors: Sequence[float] = ()) -> None:
         """Bulk add: the graph index gets one batched insert (or one build) instead of one per row."""
-        rows = [self._add_row(key, vec, terms) for key, vec, terms in items]
+        items = list(items)
+        priors = priors or [0.0] * len(items)
+        rows = [self._add_row(key, vec, terms, p) for (key, vec, terms), p in zip(items, priors, strict=True)]
         if self._hnsw is not None:
             self._hnsw_add(rows)
         elif len(self._row_of) > self.hnsw_threshold:
             self._build_hnsw()
 
-    def _add_row(self, key: str, vector: np.ndarray, terms: Sequence[str]) -> int:
+    def set_prior(self, key: str, prior: float) -> None:
+        self._prior[self._row_of[key]] = prior
+
+    def _add_row(self, key: str, vector: np.ndarray, terms: Sequence[str], prior: float) -> int:
         if key in self._row_of:
             self.remove(key)
         row = len(self._keys)
@@ -81,9 +91,11 @@ class HybridIndex:
             grow = len(self._alive) * 2
             self._vectors = np.resize(self._vectors, (grow, self.dim))
             self._alive = np.concatenate([self._alive, np.zeros(grow - len(self._alive), bool)])
+            self._prior = np.concatenate([self._prior, np.zeros(grow - len(self._prior), np.float32)])
             self._doc_len = np.concatenate([self._doc_len, np.zeros(grow - len(self._doc_len), np.float32)])
         self._vectors[row] = vector
         self._alive[row] = True
+        self._prior[row] = prior
         self._keys.append(key)
         self._row_of[key] = row
         counts: dict[str, int] = {}
@@ -94,7 +106,7 @@ class HybridIndex:
             rows, tfs = self._postings.setdefault(t, ([], []))
             rows.append(row)
             tfs.append(tf)
-            self._posting_arrays.pop(t, None)
+        self._posting_arrays.clear()
         self._terms_of.append(tuple(terms))
         self._doc_len[row] = len(terms)
         self._total_len += len(terms)
@@ -109,6 +121,7 @@ class HybridIndex:
         self._total_len -= float(self._doc_len[row])
         for term in set(self._terms_of[row]):
             self._df[term] -= 1
+        self._posting_arrays.clear()
         if self._hnsw is not None:
             self._hnsw.mark_deleted(row)
         if len(self._keys) - len(self._row_of) > max(1024, len(self._row_of)):
@@ -118,9 +131,10 @@ class HybridIndex:
     def _compact(self) -> None:
         """Rebuild without dead rows once they outnumber the live ones (updates re-add rows)."""
         live = [(key, self._vectors[row].copy(), self._terms_of[row]) for key, row in self._row_of.items()]
+        priors = [float(self._prior[row]) for row in self._row_of.values()]
         self.__init__(self.dim, dense_weight=self.dense_weight, hnsw_threshold=self.hnsw_threshold,  # type: ignore[misc]
                       ef=self._ef, m=self._m)
-        self.add_many(live)
+        self.add_many(live, priors)
 
     def _build_hnsw(self) -> None:
         index = hnswlib.Index(space="ip", dim=self.dim)
@@ -135,6 +149,7 @@ class HybridIndex:
         return dict(self.__dict__, _posting_arrays={})
 
     def __setstate__(self, state: dict) -> None:
+        state.setdefault("_prior", np.zeros(len(state["_alive"]), np.float32))  # files saved before priors
         self.__dict__.update(state)
 
     def _hnsw_add(self, rows: list[int]) -> None:
@@ -147,29 +162,33 @@ class HybridIndex:
             self._hnsw.set_ef(self._ef)
 
     # ------------------------------------------------------------------ reads
-    def _lexical(self, terms: Iterable[str]) -> np.ndarray:
-        n_rows = len(self._keys)
-        acc = np.zeros(n_rows, np.float32)
-        n_docs = max(len(self._row_of), 1)
-        avg_len = max(self._total_len / n_docs, 1.0)
-        for t in set(terms):
+    def _weights(self, t: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """The rows holding term t and its BM25 weight in each (dead rows included, masked later)."""
+        arrays = self._posting_arrays.get(t)
+        if arrays is None:
             posting = self._postings.get(t)
             if posting is None:
-                continue
-            arrays = self._posting_arrays.get(t)
-            if arrays is None:
-                arrays = self._posting_arrays[t] = (np.asarray(posting[0], np.int64),
-                                                    np.asarray(posting[1], np.float32))
-            rows, tfs = arrays
+                return None
+            n_docs = max(len(self._row_of), 1)
+            avg_len = max(self._total_len / n_docs, 1.0)
+            rows, tfs = np.asarray(posting[0], np.int64), np.asarray(posting[1], np.float32)
             df = self._df.get(t, 0)
             idf = math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
             norm = BM25_K1 * (1.0 - BM25_B + BM25_B * self._doc_len[rows] / avg_len)
-            # A row is in a term's posting once (tf counts repeats), so a plain fancy-index add is exact.
-            acc[rows] += idf * tfs * (BM25_K1 + 1.0) / (tfs + norm)
+            arrays = self._posting_arrays[t] = (rows, (idf * tfs * (BM25_K1 + 1.0) / (tfs + norm)).astype(np.float32))
+        return arrays
+
+    def _lexical(self, terms: Iterable[str]) -> np.ndarray:
+        acc = np.zeros(len(self._keys), np.float32)
+        for t in set(terms):
+            arrays = self._weights(t)
+            if arrays is not None:
+                # A row is in a term's posting once (tf counts repeats), so a plain fancy-index add is exact.
+                acc[arrays[0]] += arrays[1]
         return acc
 
     def search(self, vector: np.ndarray | None, terms: Sequence[str], k: int) -> list[Hit]:
-        """Top k rows by fused score: dense_weight * cosine + (1 - dense_weight) * squashed BM25."""
+        """Top k rows by fused score: dense_weight * cosine + (1 - dense_weight) * squashed BM25 + prior."""
         n_rows = len(self._keys)
         if not self._row_of or k <= 0:
             return []
@@ -190,10 +209,10 @@ class HybridIndex:
             dense_of = None
         w = self.dense_weight
         if dense_of is not None:  # exact: every row has a dense score
-            fused = np.where(alive, w * dense_of + (1 - w) * lexical, -np.inf)
+            fused = np.where(alive, w * dense_of + (1 - w) * lexical + self._prior[:n_rows], -np.inf)
             top = _top_k(fused, k)
             top = top[np.isfinite(fused[top])]
-            return _hits(self._keys, top, fused[top], dense_of[top], lexical[top])
+            return _hits(self._keys, top, fused[top], dense_of[top], lexical[top], self._vectors[top])
         lex_rows = _top_k(np.where(alive, lexical, -np.inf), k * 2)
         lex_rows = lex_rows[lexical[lex_rows] > 0]
         rows = np.unique(np.concatenate([dense_rows, lex_rows])) if len(dense_rows) else lex_rows
@@ -201,16 +220,17 @@ class HybridIndex:
         if len(rows) == 0:
             return []
         dense = self._vectors[rows] @ vector if vector is not None and np.any(vector) else np.zeros(len(rows))
-        fused = w * dense + (1 - w) * lexical[rows]
+        fused = w * dense + (1 - w) * lexical[rows] + self._prior[rows]
         order = np.argsort(-fused, kind="stable")[:k]
-        return _hits(self._keys, rows[order], fused[order], dense[order], lexical[rows[order]])
+        return _hits(self._keys, rows[order], fused[order], dense[order], lexical[rows[order]],
+                     self._vectors[rows[order]])
 
 
 def _hits(keys: list[str | None], rows: np.ndarray, fused: np.ndarray, dense: np.ndarray,
-          lexical: np.ndarray) -> list[Hit]:
+          lexical: np.ndarray, vectors: np.ndarray) -> list[Hit]:
     # One tolist() per array instead of a numpy scalar per field and row.
-    return [Hit(keys[r], f, d, x) for r, f, d, x in zip(rows.tolist(), fused.tolist(), dense.tolist(),
-                                                         lexical.tolist(), strict=True)]
+    return [Hit(keys[r], f, d, x, v) for r, f, d, x, v in zip(rows.tolist(), fused.tolist(), dense.tolist(),
+                                                               lexical.tolist(), vectors, strict=True)]
 
 
 def _top_k(scores: np.ndarray, k: int) -> np.ndarray:

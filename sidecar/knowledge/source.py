@@ -66,7 +66,7 @@ class KnowledgeSource:
             n = len(hits)
             kb.age_s, kb.priority = [0.0] * n, [0.2] * n
             kb.term_ids = [e.term_ids for _, e in hits]
-            kb.vectors = (np.stack([tk.vector(e.chunk.key) for _, e in hits]) if hits
+            kb.vectors = (np.stack([h.vector for h, _ in hits]) if hits
                           else np.zeros((0, self.knowledge.embedder.dim), np.float32))
         self._graph_candidates(inp, graph, kb)
         return [kb]

@@ -22,6 +22,7 @@ class ScoredMemory:
     score: float
     dense: float
     lexical: float
+    vector: np.ndarray  # as indexed
 
 
 @dataclass
@@ -45,7 +46,7 @@ class UserMemories:
         self.active[memory.memory_id] = memory
         if memory.subject:
             self.by_subject.setdefault((memory.type, memory.subject), set()).add(memory.memory_id)
-        self.index.add(memory.memory_id, vector, terms(memory.content))
+        self.index.add(memory.memory_id, vector, terms(memory.content), AUTHORITY_BONUS[memory.authority])
 
     def remove(self, memory_id: str) -> bool:
         memory = self.active.pop(memory_id, None)
@@ -60,6 +61,7 @@ class UserMemories:
     def refresh(self, memory: Memory) -> None:
         """A changed row whose text and vector stay the same (a merge)."""
         self.active[memory.memory_id] = memory
+        self.index.set_prior(memory.memory_id, AUTHORITY_BONUS[memory.authority])
         self._prefs = None
 
     def top_preferences(self, n: int) -> list[Memory]:
@@ -76,16 +78,17 @@ class UserMemories:
                types: Sequence[MemoryType] = (), min_score: float = float("-inf"),
                include_expired: bool = False) -> list[ScoredMemory]:
         wanted = set(types)
-        # Over-fetch: type and expiry filters run after the index.
-        hits = self.index.search(vector, terms(query), k * 2 + 4)
+        # The index ranks with the authority bonus as each row's prior; over-fetch only when type or
+        # expiry filters run after it.
+        filtered = bool(wanted) or not include_expired
+        hits = self.index.search(vector, terms(query), k * 2 + 4 if filtered else k)
         out = []
         for h in hits:
             m = self.active.get(h.key)
             if m is None or (wanted and m.type not in wanted) or (m.expired(now_ms) and not include_expired):
                 continue
-            score = h.score + AUTHORITY_BONUS[m.authority]
-            if score >= min_score:
-                out.append(ScoredMemory(m, score, h.dense, h.lexical))
+            if h.score >= min_score:
+                out.append(ScoredMemory(m, h.score, h.dense, h.lexical, h.vector))
         out.sort(key=lambda s: (-s.score, s.memory.memory_id))
         return out[:k]
 

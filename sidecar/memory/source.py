@@ -37,19 +37,23 @@ class MemorySource:
             hits = {h.memory.memory_id: h for h in state.search(vector, inp.query, TOP_K, now_ms=inp.now_ms,
                                                                   include_expired=True)}
             prefs = state.top_preferences(MAX_PREFERENCES)
+            pref_vectors = {m.memory_id: state.index.vector(m.memory_id) for m in prefs if m.memory_id not in hits}
             superseded = dict(state.superseded)
-        picked = []
+        picked, vectors = [], []
         for h in hits.values():
             if h.memory.expired(inp.now_ms):
                 batch.dropped.append(SourceDrop(f"memory:{h.memory.memory_id}", SoftCategory.MEMORIES, DROP_EXPIRED,
                                                 h.memory.tokens))
             elif h.memory.type == MemoryType.PREFERENCE:
                 picked.append((h.memory, max(h.score, PREFERENCE_FLOOR + AUTHORITY_BONUS[h.memory.authority])))
+                vectors.append(h.vector)
             elif h.score >= MIN_RELEVANCE:
                 picked.append((h.memory, h.score))
+                vectors.append(h.vector)
         for m in prefs:
             if m.memory_id not in hits and not m.expired(inp.now_ms):
                 picked.append((m, PREFERENCE_FLOOR + AUTHORITY_BONUS[m.authority]))
+                vectors.append(pref_vectors[m.memory_id])
         for m, _ in picked:
             for old in superseded.get(m.memory_id, ()):
                 batch.dropped.append(SourceDrop(f"memory:{old}", SoftCategory.MEMORIES, DROP_SUPERSEDED, 0,
@@ -60,9 +64,8 @@ class MemorySource:
         batch.relevance = [score for _, score in picked]
         batch.age_s = [max(inp.now_ms - m.updated_at_ms, 0) / 1000.0 for m, _ in picked]
         batch.priority = [0.1 * m.confidence for m, _ in picked]
+        batch.vectors = np.stack(vectors) if vectors else None
         with self.memories._lock:
-            batch.vectors = (np.stack([state.index.vector(m.memory_id) for m, _ in picked]) if picked
-                             else None)
             batch.term_ids = [state.term_ids(m.memory_id) for m, _ in picked]
         metas = [(0, m.updated_at_ms, None, tuple(m.source_message_ids)) for m, _ in picked]
         batch.meta = metas.__getitem__
