@@ -160,3 +160,25 @@ def test_budgets_never_exceeded(stub, scope, texts, recent, total, flow):
     selected = len(_section(resp, pb.SECTION_KIND_RECENT_MESSAGES).items)
     recent_dropped = [d for d in resp.dropped if d.category == pb.CATEGORY_RECENT_MESSAGES]
     assert recent_usage.candidates == selected + len(recent_dropped) and recent_usage.selected == selected
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(["db 连接", "pool", "- memory", "[kb] chunk", "", "é", "x" * 300]),
+                         min_size=1, max_size=6).map(" ".join), min_size=1, max_size=12))
+def test_cached_dedup_keys_equal_the_computed_ones(texts):
+    """The builder's cache of dedup keys answers exactly what fastpath.text_keys computes, before
+    and after it is cleared for being full."""
+    import numpy as np
+
+    import fastpath
+    from sidecar.assembly import builder
+
+    want = fastpath.text_keys(texts)
+    builder._TEXT_KEYS.clear()
+    for _ in range(2):  # cold, then warm
+        got = builder._text_keys(texts)
+        assert all(np.array_equal(g, w) and g.dtype == np.uint64 for g, w in zip(got, want, strict=True))
+    builder._TEXT_KEYS.update({f"filler{i}": (0, 0) for i in range(builder._TEXT_KEYS_MAX - len(builder._TEXT_KEYS))})
+    got = builder._text_keys([*texts, "never seen"])  # full: cleared, then refilled
+    assert np.array_equal(got[0][:-1], want[0]) and np.array_equal(got[1][:-1], want[1])
+    assert len(builder._TEXT_KEYS) <= len(texts) + 1

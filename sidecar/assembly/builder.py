@@ -4,6 +4,7 @@ every source -> fastpath.select (rank, dedup, greedy pack) -> render in a stable
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -268,9 +269,9 @@ class ContextBuilder:
         live = [b for b in batches if len(b)]
         for b in live:
             if b.exact_keys is None:  # sources that did not precompute their keys
-                b.exact_keys, b.simhashes = fastpath.text_keys(list(b.texts))
+                b.exact_keys, b.simhashes = _text_keys(b.texts)
         sizes = [len(b) for b in live]
-        offsets = np.cumsum([0, *sizes]).tolist()
+        offsets = [0, *itertools.accumulate(sizes)]
         cat_ids = np.array([int(b.category) for b in live], np.int32)
         category = np.repeat(cat_ids, sizes)
         join = lambda attr, dtype: (np.concatenate([np.asarray(getattr(b, attr), dtype) for b in live])  # noqa: E731
@@ -278,7 +279,7 @@ class ContextBuilder:
         tokens = join("tokens", np.int32)
         exact, sim = join("exact_keys", np.uint64), join("simhashes", np.uint64)
         relevance, age, priority = join("relevance", np.float64), join("age_s", np.float64), join("priority", np.float64)
-        cat_budget = np.array([c.budget_of(budget) for c in SoftCategory], np.int64)
+        cat_budget = np.array([c.budget_of(budget) for c in SOFT_CATEGORIES], np.int64)
         clock.lap("features")
 
         w = self.weights
@@ -296,15 +297,35 @@ class ContextBuilder:
         starts = np.asarray(offsets[:-1], np.int64)
         soft_sections = _pack_sections(live, sel, starts, tokens)
         dropped, counts = _drops(live, batches, sel, starts, tokens, max_dropped)
-        n_cat = len(SoftCategory)
+        n_cat = len(SOFT_CATEGORIES)
         considered = np.bincount(pick(category), minlength=n_cat)
         picked = np.bincount(category[sel.selected_in_order], minlength=n_cat)
-        usage = [Usage(c.wire, int(sel.effective_budget[c]), int(sel.used[c]), int(considered[c]), int(picked[c]),
-                       int(sel.flowed_in[c])) for c in SoftCategory]
+        budgets, used, flowed = sel.effective_budget.tolist(), sel.used.tolist(), sel.flowed_in.tolist()
+        considered_n, picked_n = considered.tolist(), picked.tolist()
+        usage = [Usage(c.wire, budgets[c], used[c], considered_n[c], picked_n[c], flowed[c]) for c in SOFT_CATEGORIES]
         return soft_sections, usage, dropped, counts, int(sel.used.sum())
 
 
+SOFT_CATEGORIES = tuple(SoftCategory)  # iterating an enum class is slow on the hot path
 EXCLUDED = -1  # status of a candidate a source excluded (CandidateBatch.exclude): never selected
+
+# Dedup keys of texts seen recently: memories and knowledge chunks come back call after call, and
+# hashing a chunk costs more than looking it up. Cleared when full (a dict's get/set are atomic).
+_TEXT_KEYS: dict[str, tuple[int, int]] = {}
+_TEXT_KEYS_MAX = 1 << 16
+
+
+def _text_keys(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    known = [_TEXT_KEYS.get(t) for t in texts]
+    missing = [i for i, k in enumerate(known) if k is None]
+    if missing:
+        if len(_TEXT_KEYS) + len(missing) > _TEXT_KEYS_MAX:
+            _TEXT_KEYS.clear()
+        exact, sim = fastpath.text_keys([texts[i] for i in missing])
+        for i, e, h in zip(missing, exact.tolist(), sim.tolist(), strict=True):
+            known[i] = _TEXT_KEYS[texts[i]] = (e, h)
+    pairs = np.array(known, np.uint64).reshape(len(texts), 2)
+    return pairs[:, 0].copy(), pairs[:, 1].copy()
 
 
 def _kept(live: list[CandidateBatch], offsets: list[int]) -> np.ndarray | None:
