@@ -4,7 +4,7 @@ store + index in the same call), recall, user edits, deletion and forget-user.""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -59,7 +59,8 @@ class MemoryService:
         self.store = store
         self.embedder = embedder
         self._users: dict[tuple[str, str], UserMemories] = {}
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the users' in-memory state; held only for in-memory work
+        self._writer_locks = [threading.Lock() for _ in range(64)]  # by user, across a write
         self._on_forget = list(on_forget or [])
 
     def on_forget(self, hook) -> None:
@@ -96,21 +97,24 @@ class MemoryService:
         at = now_ms()
         subject = normalise_subject(inp.subject)
         vector = self._vector(inp.content, inp.embedding)
-        with self._lock:
-            state = self.user(scope)
-            twin = self._near_duplicate(state, inp, vector, at)
+        with self._writer(scope):
+            with self._lock:
+                state = self.user(scope)
+                twin = self._near_duplicate(state, inp, vector, at)
+                twin_blob = self._blob(state, twin.memory_id) if twin is not None else b""
+                older = state.same_subject(inp.type, subject) if subject and twin is None else []
+                older_blobs = [self._blob(state, o.memory_id) for o in older]
             if twin is not None:
                 merged = replace(
                     twin, source_message_ids=sorted(set(twin.source_message_ids) | set(inp.source_message_ids)),
                     confidence=min(1.0, max(twin.confidence, inp.confidence) + 0.05),
                     authority=min(twin.authority, inp.authority), updated_at_ms=at,
                     expires_at_ms=max(twin.expires_at_ms, inp.expires_at_ms) if twin.expires_at_ms else 0)
-                self.store.put_memories(scope, [(merged, self._blob(state, twin.memory_id))],
+                self.store.put_memories(scope, [(merged, twin_blob)],
                                         [MemoryChange(merged, "merge", "near duplicate of a new statement", at)])
-                state.refresh(merged)
+                self._apply(scope, lambda st: st.refresh(merged))
                 return WriteResult("merged", merged)
 
-            older = state.same_subject(inp.type, subject) if subject else []
             if any(o.authority == Authority.USER_STATED for o in older) and inp.authority == Authority.INFERRED:
                 return WriteResult("rejected", None, reason="outranked_by_user_stated")
             memory = Memory(memory_id=new_id("mem"), type=inp.type, content=inp.content, subject=subject,
@@ -120,18 +124,38 @@ class MemoryService:
                             tokens=tokens.count_tokens(render_memory(inp.content)) + 1)
             rows = [(memory, vector.astype(np.float32).tobytes())]
             changes = [MemoryChange(memory, "create", "", at)]
-            for o in older:
+            for o, blob in zip(older, older_blobs, strict=True):
                 old = replace(o, status=MemoryStatus.SUPERSEDED, superseded_by=memory.memory_id, updated_at_ms=at)
-                rows.append((old, self._blob(state, o.memory_id)))
+                rows.append((old, blob))
                 changes.append(MemoryChange(old, "supersede", f"replaced by {memory.memory_id} on {subject!r}", at))
             self.store.put_memories(scope, rows, changes)
-            for o in older:
-                state.remove(o.memory_id)
-                state.superseded.setdefault(memory.memory_id, []).append(o.memory_id)
-            state.add(memory, vector)
+
+            def supersede(st: UserMemories) -> None:
+                replaced = st.superseded.setdefault(memory.memory_id, [])
+                for o in older:
+                    st.remove(o.memory_id)
+                    if o.memory_id not in replaced:
+                        replaced.append(o.memory_id)
+                st.add(memory, vector)
+
+            self._apply(scope, supersede)
             if older:
                 return WriteResult("superseded_older", memory, superseded_id=older[0].memory_id)
             return WriteResult("created", memory)
+
+    # A write holds its user's writer lock, not self._lock, across the database call: a commit (an
+    # fsync) must not stall BuildContext and searches of other users. Writers of one user are
+    # serialised, so decisions (merge, supersede) see every earlier write of that user.
+    def _writer(self, scope: Scope) -> threading.Lock:
+        return self._writer_locks[hash(scope_key(scope)) % len(self._writer_locks)]
+
+    def _apply(self, scope: Scope, change: Callable[[UserMemories], None]) -> None:
+        """A committed change, applied to the user's state if it is loaded. A state loaded while the
+        write was in flight may already hold it: every change is idempotent."""
+        with self._lock:
+            state = self._users.get(scope_key(scope))
+            if state is not None:
+                change(state)
 
     @staticmethod
     def _blob(state: UserMemories, memory_id: str) -> bytes:
@@ -200,7 +224,7 @@ class MemoryService:
         if expires_at_ms is not None and expires_at_ms < 0:
             raise InvalidArgument("expires_at_ms must not be negative")
         at = now_ms()
-        with self._lock:
+        with self._writer(scope):
             current = self.get(scope, memory_id)
             if current.status != MemoryStatus.ACTIVE:
                 raise FailedPrecondition(f"memory_id {memory_id!r} is {current.status.name.lower()}; only an "
@@ -214,19 +238,17 @@ class MemoryService:
             vector = self.embedder.embed([new_content])[0]
             self.store.put_memories(scope, [(updated, vector.tobytes())],
                                     [MemoryChange(updated, "update", "edited by the user", at)])
-            state = self.user(scope)
-            state.remove(memory_id)
-            state.add(updated, vector)
+            self._apply(scope, lambda st: (st.remove(memory_id), st.add(updated, vector)))
             return updated
 
     def delete(self, scope: Scope, memory_id: str) -> None:
         at = now_ms()
-        with self._lock:
+        with self._writer(scope):
             current = self.get(scope, memory_id)
             tombstone = replace(current, content="", subject="", source_message_ids=[],
                                 status=MemoryStatus.DELETED, updated_at_ms=at)
             self.store.delete_memory(scope, memory_id, MemoryChange(tombstone, "delete", "deleted by the user", at))
-            self.user(scope).remove(memory_id)
+            self._apply(scope, lambda st: st.remove(memory_id))
 
     def history(self, scope: Scope, memory_id: str) -> list[MemoryChange]:
         check_id(memory_id, "memory_id")
@@ -241,7 +263,7 @@ class MemoryService:
             self._users.pop(scope_key(scope), None)
 
     def forget_user(self, scope: Scope) -> dict[str, int]:
-        with self._lock:
+        with self._writer(scope), self._lock:
             state = self._users.pop(scope_key(scope), None)
             index_entries = len(state.index) if state else len(self.store.active_memories_with_embeddings(scope))
             counts = self.store.forget_user(scope)

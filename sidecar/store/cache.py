@@ -7,6 +7,7 @@ so reads never see a state the database does not have.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -120,7 +121,8 @@ class CachingStore:
         self.max_view_messages = max_view_messages
         self._views: OrderedDict[tuple[str, str, str], SessionView] = OrderedDict()
         self._view_messages = 0  # sum of len(view.messages) over the cached views
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the views; held only for in-memory work
+        self._writer_locks = [threading.Lock() for _ in range(64)]  # by session, across a write
         # Called after every committed append with (scope, session_id, new messages): derived
         # indexes (episodic recall) stay current without polling the database.
         self.append_listeners: list[Callable[[Scope, str, list[Message]], None]] = []
@@ -195,80 +197,99 @@ class CachingStore:
         return self.backend.list_messages(scope, session_id, newest=newest, from_seq=from_seq, to_seq=to_seq)
 
     # ------------------------------------------------------------------ writes (backend first, then cache)
+    # A write holds its session's writer lock, never the cache lock, across the database call: a
+    # commit (an fsync) must not stall BuildContext of other sessions. Writers of one session are
+    # serialised, so the cache applies their changes in commit order. A view loaded while a write
+    # is in flight may already hold it, so every apply below is idempotent.
+    def _writer(self, scope: Scope, session_id: str) -> threading.Lock:
+        return self._writer_locks[hash((scope.tenant_id, scope.user_id, session_id)) % len(self._writer_locks)]
+
     def create_session(self, scope: Scope, session: Session) -> None:
-        with self._lock:
-            self.backend.create_session(scope, session)
+        self.backend.create_session(scope, session)
 
     def close_session(self, scope: Scope, session_id: str, at_ms: int) -> None:
-        with self._lock:
+        with self._writer(scope, session_id):
             self.backend.close_session(scope, session_id, at_ms)
-            self._drop_view((scope.tenant_id, scope.user_id, session_id))
+            with self._lock:
+                self._drop_view((scope.tenant_id, scope.user_id, session_id))
 
     def append_messages(self, scope: Scope, session_id: str, messages: Sequence[NewMessage],
                         token_counts: Sequence[tuple[int, int]], now_ms: int,
                         pinned: Sequence[tuple[int, str, int]] = ()) -> list[Message]:
-        with self._lock:
-            view = self.session_view(scope, session_id)
+        with self._writer(scope, session_id):
+            self.session_view(scope, session_id)  # loaded before the write, so the append updates it
             stored = self.backend.append_messages(scope, session_id, messages, token_counts, now_ms, pinned)
-            if view is not None and pinned:
-                view.pinned = self.backend.list_pinned(scope, session_id)
-            fresh = stored
-            if view is not None:
-                last = view.messages[-1].seq if view.messages else 0
-                fresh = [m for m in stored if m.seq > last]
-                before = len(view.messages)
-                view.add_messages(fresh)
-                view.session.updated_at_ms = now_ms
-                self._view_messages += len(view.messages) - before
-                self._trim()
+            pins = self.backend.list_pinned(scope, session_id) if pinned else None
+            with self._lock:
+                view = self._cached(scope, session_id)
+                fresh = stored
+                if view is not None:
+                    if pins is not None:
+                        view.pinned = pins
+                    last = view.messages[-1].seq if view.messages else 0
+                    fresh = [m for m in stored if m.seq > last]
+                    before = len(view.messages)
+                    view.add_messages(fresh)
+                    view.session.updated_at_ms = now_ms
+                    self._view_messages += len(view.messages) - before
+                    self._trim()
             for listener in self.append_listeners:
-                listener(scope, session_id, fresh)
+                listener(scope, session_id, stored)
             return stored
 
     def write_facts(self, scope: Scope, session_id: str, upserts: Sequence[Fact], deletes: Sequence[tuple[str, int]],
                     changes: Sequence[FactChange], at_ms: int) -> None:
-        with self._lock:
+        with self._writer(scope, session_id):
             self.backend.write_facts(scope, session_id, upserts, deletes, changes, at_ms)
-            view = self._views.get((scope.tenant_id, scope.user_id, session_id))
-            if view is not None:
-                view.apply_fact_changes(upserts, deletes)
-                view.session.updated_at_ms = at_ms
+            with self._lock:
+                view = self._cached(scope, session_id)
+                if view is not None:
+                    view.apply_fact_changes(upserts, deletes)
+                    view.session.updated_at_ms = at_ms
 
     def _cached(self, scope: Scope, session_id: str) -> SessionView | None:
         return self._views.get((scope.tenant_id, scope.user_id, session_id))
 
     def insert_tool_result(self, scope: Scope, result: ToolResult) -> None:
-        with self._lock:
+        with self._writer(scope, result.session_id):
             self.backend.insert_tool_result(scope, result)
-            view = self._cached(scope, result.session_id)
-            if view is not None:
-                view.tool_results.append(replace(result, full_text=""))  # the view never needs the full text
-                del view.tool_results[:-MAX_CACHED_TOOL_RESULTS]
+            with self._lock:
+                view = self._cached(scope, result.session_id)
+                if view is not None and all(t.tool_result_id != result.tool_result_id for t in view.tool_results):
+                    view.tool_results.append(replace(result, full_text=""))  # the view never needs the full text
+                    del view.tool_results[:-MAX_CACHED_TOOL_RESULTS]
 
     def write_run_notes(self, scope: Scope, add: Sequence[RunNote], delete_ids: Sequence[str] = ()) -> None:
-        with self._lock:
+        with contextlib.ExitStack() as held:
+            for lock in sorted({self._writer(scope, n.session_id) for n in add}, key=id):  # one order: no deadlock
+                held.enter_context(lock)
             self.backend.write_run_notes(scope, add, delete_ids)
             gone = set(delete_ids)
-            for note in add:
-                view = self._cached(scope, note.session_id)
-                if view is not None:
-                    notes = [n for n in view.notes.get(note.run_id, []) if n.note_id not in gone]
-                    view.notes[note.run_id] = sorted([*notes, note], key=lambda n: n.seq)
+            with self._lock:
+                for note in add:
+                    view = self._cached(scope, note.session_id)
+                    if view is not None:
+                        notes = [n for n in view.notes.get(note.run_id, [])
+                                 if n.note_id not in gone and n.note_id != note.note_id]
+                        view.notes[note.run_id] = sorted([*notes, note], key=lambda n: n.seq)
 
     def put_summary(self, scope: Scope, summary: SessionSummary) -> None:
-        with self._lock:
+        with self._writer(scope, summary.session_id):
             self.backend.put_summary(scope, summary)
-            view = self._cached(scope, summary.session_id)
-            if view is not None:
-                view.summary = summary
+            with self._lock:
+                view = self._cached(scope, summary.session_id)
+                if view is not None:
+                    view.summary = summary
 
     def add_subsession_result(self, scope: Scope, result: SubSessionResult, close_child_at_ms: int) -> None:
-        with self._lock:
+        with self._writer(scope, result.parent_session_id):
             self.backend.add_subsession_result(scope, result, close_child_at_ms)
-            self._drop_view((scope.tenant_id, scope.user_id, result.child_session_id))
-            view = self._cached(scope, result.parent_session_id)
-            if view is not None:
-                view.subsession_results.append(result)
+            with self._lock:
+                self._drop_view((scope.tenant_id, scope.user_id, result.child_session_id))
+                view = self._cached(scope, result.parent_session_id)
+                if view is not None and all(r.child_session_id != result.child_session_id
+                                            for r in view.subsession_results):
+                    view.subsession_results.append(result)
 
     def evict_session(self, scope: Scope, session_id: str) -> None:
         """Forget a cached view (another replica changed the session); the next read reloads it."""

@@ -66,9 +66,11 @@ def code_of(e: BaseException) -> str:
 
 # ================================================================================ process plumbing
 def proc_stats(pid: int) -> dict[str, float]:
-    """RSS (MB), threads and open file descriptors of a process, from /proc."""
-    out = {"rss_mb": 0.0, "threads": 0, "fds": 0}
+    """RSS (MB), threads, open file descriptors and CPU seconds used of a process, from /proc."""
+    out = {"rss_mb": 0.0, "threads": 0, "fds": 0, "cpu_s": 0.0}
     try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out["cpu_s"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 out["rss_mb"] = round(int(line.split()[1]) / 1024, 1)
@@ -1522,14 +1524,18 @@ def soak(server: Server, seconds: float, *, rate: float = 40.0, threads: int = 4
     for t, d, name in lat:
         by_op[name][min(int(t / sixth), 5)].append(d)
     warm = next((s for s in samples if s["t"] >= min(2.0, seconds / 5)), samples[0])
-    # RSS at the end of each sixth: growth that levels off once the caches are full is bounded.
-    rss_by_sixth = [next((s["rss_mb"] for s in reversed(samples) if s["t"] <= sixth * (k + 1)), warm["rss_mb"])
-                    for k in range(6)]
+    # RSS and the server's CPU share (100 = one core) in each sixth: growth that levels off once
+    # the caches are full is bounded; a CPU share near 100 means calls queue for the interpreter.
+    ends = [next((s for s in reversed(samples) if s["t"] <= sixth * (k + 1)), warm) for k in range(6)]
+    rss_by_sixth = [s["rss_mb"] for s in ends]
+    cpu_by_sixth = [round(100 * (b["cpu_s"] - a["cpu_s"]) / max(b["t"] - a["t"], 1e-9), 1)
+                    for a, b in zip([samples[0], *ends[:-1]], ends, strict=True)]
     end = samples[-1]
     return {"soak_seconds": seconds, "soak_requests": len(lat), "soak_rate_achieved": round(len(lat) / seconds, 1),
             "soak_codes": dict(codes), "soak_errors": errors[:5],
             "soak_rss_start_mb": warm["rss_mb"], "soak_rss_end_mb": end["rss_mb"],
             "soak_rss_max_mb": max(s["rss_mb"] for s in samples), "soak_rss_by_sixth_mb": rss_by_sixth,
+            "soak_server_cpu_pct_by_sixth": cpu_by_sixth,
             "soak_fds_start": warm["fds"], "soak_fds_end": end["fds"], "soak_fds_max": max(s["fds"] for s in samples),
             "soak_threads_start": warm["threads"], "soak_threads_end": end["threads"],
             "soak_threads_max": max(s["threads"] for s in samples),
