@@ -60,21 +60,17 @@ def throughput(make_call: Callable[[int], Callable[[], object]], threads: int, s
     return round(sum(count) / seconds, 1)
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used so far (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def throughput_cpu(make_call: Callable[[int], Callable[[], object]], threads: int, seconds: float,
                    server_pid: int) -> dict[str, float]:
     """throughput() plus the CPU each side spent per call: with every core busy, cores divided by
     the two together is the most calls/s this machine can serve, whatever the concurrency."""
-    client0, server0 = time.process_time(), process_cpu_s(server_pid)
+    from tests.adversity.harness import proc_stats  # the soak's /proc reader
+
+    client0, server0 = time.process_time(), proc_stats(server_pid)["cpu_s"]
     rps = throughput(make_call, threads, seconds)
     calls = max(rps * seconds, 1.0)
     client_ms = (time.process_time() - client0) * 1000 / calls
-    server_ms = (process_cpu_s(server_pid) - server0) * 1000 / calls
+    server_ms = (proc_stats(server_pid)["cpu_s"] - server0) * 1000 / calls
     return {"rps": rps, "client_cpu_ms": round(client_ms, 3), "server_cpu_ms": round(server_ms, 3),
             "cpu_bound_rps": round((os.cpu_count() or 1) * 1000 / (client_ms + server_ms), 1)}
 

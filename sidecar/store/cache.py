@@ -222,14 +222,12 @@ class CachingStore:
             pins = self.backend.list_pinned(scope, session_id) if pinned else None
             with self._lock:
                 view = self._cached(scope, session_id)
-                fresh = stored
                 if view is not None:
                     if pins is not None:
                         view.pinned = pins
                     last = view.messages[-1].seq if view.messages else 0
-                    fresh = [m for m in stored if m.seq > last]
                     before = len(view.messages)
-                    view.add_messages(fresh)
+                    view.add_messages([m for m in stored if m.seq > last])
                     view.session.updated_at_ms = now_ms
                     self._view_messages += len(view.messages) - before
                     self._trim()
