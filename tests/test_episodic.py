@@ -11,12 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 
+import fastpath
 from sidecar.api import context_service_pb2 as pb
 from sidecar.api import context_service_pb2_grpc as pb_grpc
-from sidecar.domain import Scope
-from sidecar.memory.episodic import EpisodicSource, stem, terms
+from sidecar.domain import Message, Role, Scope
+from sidecar.memory.episodic import DEFAULT_RANKING, EpisodicSource, _UserIndex, stem, terms
 from sidecar.server import build_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,6 +160,53 @@ def test_index_memory_is_bounded(running, user, monkeypatch):
     other = pb.Scope(tenant_id=user.tenant_id, user_id=user.user_id + "-b")
     session(running.stub, other, turns[:8])
     assert src.indexed_total() <= 12 and src.indexed(Scope(other.tenant_id, other.user_id)) == 8
+
+
+def _turns(n_sessions: int, per_session: int) -> list[Message]:
+    words = "camping lake bakery shift guitar turtle painting soccer recipe garden hiking concert".split()
+    out = []
+    for s in range(n_sessions):
+        for k in range(per_session):
+            i = s * per_session + k
+            day = 1_683_504_000_000 + s * 86_400_000 * 3  # a session every three days from 8 May 2023
+            out.append(Message(f"m{i}", f"s{s}", k + 1, Role.USER if k % 2 == 0 else Role.ASSISTANT,
+                               f"{words[i % 12]} and {words[(i * 5) % 12]} note{i % 7}", "", "", day + k * 60_000,
+                               day, 0, 0, speaker="Ann" if k % 2 == 0 else "Bob"))
+    return out
+
+
+@pytest.mark.parametrize("dated", [False, True])
+def test_compaction_equals_an_index_built_from_the_kept_turns(dated):
+    """Dropping the oldest turns in memory (no rows read, nothing re-parsed) leaves exactly the index
+    that adding the kept turns to an empty one builds, when the cut falls between sessions."""
+    turns = _turns(6, 9)
+    full, fresh = _UserIndex(dim=64, window=4, dated=dated), _UserIndex(dim=64, window=4, dated=dated)
+    full.add(turns, None, True)
+    fresh.add(turns[18:], None, True)
+    small = full.compacted(18)
+    assert small.ids == fresh.ids and small.texts == fresh.texts and small.known == fresh.known
+    assert small.session_rows == fresh.session_rows and small.postings == fresh.postings
+    assert small.total_len == fresh.total_len and small.day_items == fresh.day_items
+    n = len(fresh)
+    for name in ("vectors", "tokens", "timestamps", "seqs", "roles", "speaker_of", "session_of", "year_month",
+                 "day_of", "position", "doc_len", "exact", "simhash", "nbr"):
+        assert np.array_equal(getattr(small, name)[:n], getattr(fresh, name)[:n]), name
+    q = fastpath.hash_embed(["guitar by the lake"], 64)[0]
+    assert np.allclose(small.rank("guitar by the lake", q, "", DEFAULT_RANKING),
+                       fresh.rank("guitar by the lake", q, "", DEFAULT_RANKING))
+    small.add(_turns(7, 9)[-9:], None, True)  # and it keeps growing like any index
+    assert len(small) == n + 9 and small.nbr[n, 4] == n + 1
+
+
+def test_compaction_inside_a_session_cuts_its_neighbours():
+    turns = _turns(2, 9)
+    full = _UserIndex(dim=64, window=4, dated=False)
+    full.add(turns, None, True)
+    small = full.compacted(4)  # the first session loses its first four turns
+    assert small.ids[0] == "m4" and small.position[0] == 4  # its place in the session is kept
+    assert (small.nbr[0, :4] == -1).all() and small.nbr[0, 4] == 1  # no previous turn any more; next is m5
+    assert small.session_rows == {"s0": list(range(5)), "s1": list(range(5, 14))}
+    assert all(r >= 0 for rows, _ in small.postings.values() for r in rows)
 
 
 def test_concepts_expand_category_words(running, user):

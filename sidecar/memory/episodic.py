@@ -288,6 +288,11 @@ def render_turn(speaker: str, role: Role, text: str, timestamp_ms: int, *, dated
 
 
 # ---------------------------------------------------------------------------------------- index
+# Per-row arrays of _UserIndex that a compaction copies as they are (session_of and nbr are renumbered).
+_ROW_ARRAYS = ("vectors", "tokens", "timestamps", "seqs", "roles", "speaker_of", "year_month", "day_of", "position",
+               "doc_len", "exact", "simhash")
+
+
 @dataclass
 class _UserIndex:  # not slots: the arrays are set in __post_init__
     dim: int
@@ -298,6 +303,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
     sessions: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     row_terms: list[tuple[str, ...]] = field(default_factory=list)  # distinct terms of each turn (for feedback)
+    row_tfs: list[tuple[int, ...]] = field(default_factory=list)  # their counts: postings rebuild without re-parsing
     known: set[str] = field(default_factory=set)
     session_rows: dict[str, list[int]] = field(default_factory=dict)
     speakers: dict[str, int] = field(default_factory=dict)  # lowercased name -> speaker id
@@ -332,8 +338,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         if need <= self.cap:
             return
         cap = max(need, self.cap * 2)
-        for name in ("vectors", "tokens", "timestamps", "seqs", "roles", "speaker_of", "session_of", "year_month",
-                     "day_of", "position", "doc_len", "exact", "simhash", "nbr"):
+        for name in (*_ROW_ARRAYS, "session_of", "nbr"):
             old = getattr(self, name)
             new = np.full((cap, *old.shape[1:]), -1 if name in ("nbr", "speaker_of") else 0, old.dtype)
             new[: self.cap] = old[: self.cap]
@@ -398,9 +403,42 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
                 posting[1].append(tf)
                 self.arrays.pop(t, None)
             self.row_terms.append(tuple(counts))
+            self.row_tfs.append(tuple(counts.values()))
             self.doc_len[row] = len(words)
             self.total_len += len(words)
         return len(fresh)
+
+    def compacted(self, start: int) -> _UserIndex:
+        """The same index without rows before `start`, from what is already in memory (no rows read,
+        no text parsed, embedded or counted again), so dropping a user's oldest turns costs
+        milliseconds, not a rebuild. A kept turn keeps its place in its session (position and the
+        session's month); a neighbour that was dropped is no neighbour any more."""
+        out = _UserIndex(dim=self.dim, cap=max(len(self) - start, 1), window=self.window, dated=self.dated)
+        n = len(self) - start
+        for name in _ROW_ARRAYS:
+            getattr(out, name)[:n] = getattr(self, name)[start:len(self)]
+        nbr = self.nbr[start:len(self)] - start
+        out.nbr[:n] = np.where(nbr < 0, -1, nbr)  # dropped rows (and "none") become -1
+        out.ids, out.sessions, out.texts = self.ids[start:], self.sessions[start:], self.texts[start:]
+        out.row_terms, out.row_tfs = self.row_terms[start:], self.row_tfs[start:]
+        out.known = set(out.ids)
+        out.speakers = dict(self.speakers)
+        session_ids: dict[str, int] = {}
+        for row, sid in enumerate(out.sessions):
+            out.session_rows.setdefault(sid, []).append(row)
+            out.session_of[row] = session_ids.setdefault(sid, len(session_ids))
+        postings = out.postings
+        for row, (ts, tfs) in enumerate(zip(out.row_terms, out.row_tfs, strict=True)):
+            for t, tf in zip(ts, tfs, strict=True):
+                posting = postings.get(t)
+                if posting is None:
+                    posting = postings[t] = ([], [])
+                posting[0].append(row)
+                posting[1].append(tf)
+        out.total_len = float(out.doc_len[:n].sum())
+        days = set(out.day_of[:n].tolist())
+        out.day_items = {d: item for d, item in self.day_items.items() if d in days}
+        return out
 
     def bm25(self, query_terms: Sequence[str], k1: float = BM25_K1, b: float = BM25_B) -> np.ndarray:
         n = len(self.ids)
@@ -627,7 +665,9 @@ class EpisodicSource:
             if state is None:
                 self._load(scope)
             elif state.add(messages, self.embedder, self.ranking.stem) and len(state) > self.max_turns_per_user:
-                self._load(scope)  # compacted to the newest turns; amortised over a quarter of the cap
+                # Keep the newest three quarters, so the next compaction is a quarter of the cap away.
+                self._users[key] = state.compacted(len(state) - self.max_turns_per_user * 3 // 4)
+                self._bound(key)
             else:
                 self._bound(key)
 
