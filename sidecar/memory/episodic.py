@@ -397,24 +397,30 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             words = terms(m.text, stemmed=stemmed)
             for t in words:
                 counts[t] = counts.get(t, 0) + 1
-            for t, tf in counts.items():
-                posting = self.postings.setdefault(t, ([], []))
-                posting[0].append(row)
-                posting[1].append(tf)
-                self.arrays.pop(t, None)
             self.row_terms.append(tuple(counts))
             self.row_tfs.append(tuple(counts.values()))
+            self._post(row)
             self.doc_len[row] = len(words)
             self.total_len += len(words)
         return len(fresh)
+
+    def _post(self, row: int) -> None:
+        """Add a row's term counts (row_terms, row_tfs) to the postings."""
+        for t, tf in zip(self.row_terms[row], self.row_tfs[row], strict=True):
+            posting = self.postings.get(t)
+            if posting is None:
+                posting = self.postings[t] = ([], [])
+            posting[0].append(row)
+            posting[1].append(tf)
+            self.arrays.pop(t, None)
 
     def compacted(self, start: int) -> _UserIndex:
         """The same index without rows before `start`, from what is already in memory (no rows read,
         no text parsed, embedded or counted again), so dropping a user's oldest turns costs
         milliseconds, not a rebuild. A kept turn keeps its place in its session (position and the
         session's month); a neighbour that was dropped is no neighbour any more."""
-        out = _UserIndex(dim=self.dim, cap=max(len(self) - start, 1), window=self.window, dated=self.dated)
         n = len(self) - start
+        out = _UserIndex(dim=self.dim, cap=max(n, 1), window=self.window, dated=self.dated)
         for name in _ROW_ARRAYS:
             getattr(out, name)[:n] = getattr(self, name)[start:len(self)]
         nbr = self.nbr[start:len(self)] - start
@@ -427,14 +433,8 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         for row, sid in enumerate(out.sessions):
             out.session_rows.setdefault(sid, []).append(row)
             out.session_of[row] = session_ids.setdefault(sid, len(session_ids))
-        postings = out.postings
-        for row, (ts, tfs) in enumerate(zip(out.row_terms, out.row_tfs, strict=True)):
-            for t, tf in zip(ts, tfs, strict=True):
-                posting = postings.get(t)
-                if posting is None:
-                    posting = postings[t] = ([], [])
-                posting[0].append(row)
-                posting[1].append(tf)
+        for row in range(n):
+            out._post(row)
         out.total_len = float(out.doc_len[:n].sum())
         days = set(out.day_of[:n].tolist())
         out.day_items = {d: item for d, item in self.day_items.items() if d in days}
@@ -664,12 +664,11 @@ class EpisodicSource:
             state = self._users.get(key)
             if state is None:
                 self._load(scope)
-            elif state.add(messages, self.embedder, self.ranking.stem) and len(state) > self.max_turns_per_user:
+                return
+            if state.add(messages, self.embedder, self.ranking.stem) and len(state) > self.max_turns_per_user:
                 # Keep the newest three quarters, so the next compaction is a quarter of the cap away.
                 self._users[key] = state.compacted(len(state) - self.max_turns_per_user * 3 // 4)
-                self._bound(key)
-            else:
-                self._bound(key)
+            self._bound(key)
 
     def forget(self, scope: Scope) -> dict[str, int]:
         """ForgetUser hook: drop the user's index (their rows are deleted by the store)."""
