@@ -139,7 +139,8 @@ def soak_part(tmp: Path, seconds: float, rate: float, bounds: list[str]) -> dict
     finally:
         server.stop()
     log("soak", {k: r[k] for k in ("soak_rss_start_mb", "soak_rss_end_mb", "soak_p99_first_ms", "soak_p99_last_ms")})
-    return {k: v for k, v in r.items() if k != "soak_errors"}
+    # A failed call is a finding: its status line and the server's traceback go into the figures.
+    return {**r, "soak_internal_logs": server.internal_logs[:3]}
 
 
 PARTS = ("crash", "fuzz", "isolation", "forget", "soak")

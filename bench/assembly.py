@@ -8,10 +8,10 @@ python bench/assembly.py [--quick]
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
 import sys
 import tempfile
-from concurrent import futures
 from pathlib import Path
 
 import fastpath_bench
@@ -92,17 +92,25 @@ def naive_baseline(app: Sidecar, sid: str, synthetic: scenario.SyntheticSource, 
 
 
 def serve_floor(listen: str, payload_path: str) -> None:
-    """The transport floor: the same service path answered with fixed response bytes, no work."""
+    """The transport floor: the same kind of server (asyncio, answering on the loop) and service
+    path, answered with fixed response bytes and no work."""
     from sidecar.server import SERVICE_NAME
 
     payload = Path(payload_path).read_bytes()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-        SERVICE_NAME, {"BuildContext": grpc.unary_unary_rpc_method_handler(lambda raw, context: payload)})])
-    server.add_insecure_port(listen)
-    server.start()
-    print("serving on", listen, flush=True)
-    server.wait_for_termination()
+
+    async def answer(raw, context) -> bytes:
+        return payload
+
+    async def run() -> None:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            SERVICE_NAME, {"BuildContext": grpc.unary_unary_rpc_method_handler(answer)})])
+        server.add_insecure_port(listen)
+        await server.start()
+        print("serving on", listen, flush=True)
+        await server.wait_for_termination()
+
+    asyncio.run(run())
 
 
 def grpc_figures(command: list[str], greq_of, n: int, seconds: float) -> tuple[dict, dict, bytes]:

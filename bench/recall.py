@@ -341,7 +341,7 @@ def offline_app(cache: Path, convs: Sequence[Conversation], profile: str = "defa
     if not fresh:
         maps = {int(k): v for k, v in json.loads(maps_path.read_text()).items()}
         return app, maps
-    server, port, _ = build_server(app, listen="127.0.0.1:0", uds=None, auth_token=None)
+    server, port = build_server(app, listen="127.0.0.1:0", uds=None, auth_token=None)
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = pb_grpc.ContextServiceStub(channel)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import hmac
 import logging
@@ -56,26 +57,24 @@ class TenantRateLimiter:
             return True
 
 
-class GuardInterceptor(grpc.ServerInterceptor):
+class Refusal(Exception):
+    """A call answered with a status instead of a response."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class Guard:
+    """The cross-cutting checks around every ContextService call."""
+
     def __init__(self, auth_token: str | None, limiter: TenantRateLimiter | None = None) -> None:
         self._expected = f"Bearer {auth_token}".encode() if auth_token else None
         self._limiter = limiter
-        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
 
-    def intercept_service(self, continuation, handler_call_details):
-        method = handler_call_details.method
-        wrapped = self._wrapped.get(method)
-        if wrapped is not None:  # one wrapper per method, built once: no per-call handler objects
-            return wrapped
-        handler = continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None or method.startswith(_OPEN_PREFIXES):
-            return handler
-        wrapped = grpc.unary_unary_rpc_method_handler(self._guard(method, handler), request_deserializer=None,
-                                                      response_serializer=_passing_bytes(handler.response_serializer))
-        self._wrapped[method] = wrapped
-        return wrapped
-
-    def _guard(self, method: str, handler):
+    def wrap(self, method: str, handler) -> Callable[[Any, Any], Any]:
+        """The call wrapped in auth, decoding, the deadline, the tenant rate limit, domain errors ->
+        status codes and metrics; every refusal raises Refusal."""
         behaviour = handler.unary_unary
         name = method.rsplit("/", 1)[-1]
         limiter = self._limiter
@@ -88,35 +87,32 @@ class GuardInterceptor(grpc.ServerInterceptor):
             code = "OK"
             try:
                 if self._expected is not None and not self._authorized(context.invocation_metadata()):
-                    code = "UNAUTHENTICATED"
-                    context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong authorization bearer token")
+                    raise Refusal(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong authorization bearer token")
                 # Parsed here, not by gRPC, so undecodable bytes are the caller's error, not INTERNAL.
                 try:
                     request = parse(raw) if parse else raw
                 except Exception:
-                    code = "INVALID_ARGUMENT"
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"the request is not a valid {name} message (protobuf decode failed)")
+                    raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"the request is not a valid {name} message (protobuf decode failed)") from None
                 remaining = context.time_remaining()
                 if remaining is not None and remaining <= 0.0005:
-                    code = "DEADLINE_EXCEEDED"
-                    context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"{name}: the deadline passed before it started")
+                    raise Refusal(grpc.StatusCode.DEADLINE_EXCEEDED, f"{name}: the deadline passed before it started")
                 if limiter is not None:
                     tenant = request.scope.tenant_id if request.HasField("scope") else ""
                     if not limiter.allow(tenant):
-                        code = "RESOURCE_EXHAUSTED"
-                        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                       f"tenant {tenant[:64]!r} exceeds {limiter.rate:g} requests/s; retry with backoff")
                 return behaviour(request, context)
+            except Refusal as r:
+                code = r.code.name
+                raise
             except SidecarError as e:
                 code = e.code_name
-                context.abort(getattr(grpc.StatusCode, e.code_name), e.message)
+                raise Refusal(getattr(grpc.StatusCode, e.code_name), e.message) from None
             except Exception:  # a bug must cost one call, never the server
-                if code != "OK":
-                    raise  # an abort above
                 code = "INTERNAL"
                 log.exception("internal error in %s", method)
-                context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}")
+                raise Refusal(grpc.StatusCode.INTERNAL, f"internal error in {name}") from None
             finally:
                 elapsed = time.perf_counter() - started
                 (requests_ok if code == "OK" else metrics.RPC_REQUESTS.labels(name, code)).inc()
@@ -134,6 +130,43 @@ class GuardInterceptor(grpc.ServerInterceptor):
         return False
 
 
+# In-memory and CPU-bound: these run on the event loop itself, with no hop to a worker thread (the
+# hop and the GIL hand-offs it brings cost more CPU than the call under concurrent load). The rest
+# (DuckDB writes, waits for jobs) run in the pool, so they never block the loop.
+INLINE_METHODS = frozenset({"BuildContext"})
+
+
+class GuardInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, guard: Guard, pool: futures.Executor) -> None:
+        self._guard, self._pool = guard, pool
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
+
+    async def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        wrapped = self._wrapped.get(method)
+        if wrapped is not None:  # one wrapper per method, built once: no per-call handler objects
+            return wrapped
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None or method.startswith(_OPEN_PREFIXES):
+            return handler
+        guarded = self._guard.wrap(method, handler)
+        inline = method.rsplit("/", 1)[-1] in INLINE_METHODS
+        pool = self._pool
+
+        async def handle(raw, context):
+            try:
+                if inline:
+                    return guarded(raw, context)
+                return await asyncio.get_running_loop().run_in_executor(pool, guarded, raw, context)
+            except Refusal as r:
+                await context.abort(r.code, r.message)
+
+        wrapped = grpc.unary_unary_rpc_method_handler(handle, request_deserializer=None,
+                                                      response_serializer=_passing_bytes(handler.response_serializer))
+        self._wrapped[method] = wrapped
+        return wrapped
+
+
 def _passing_bytes(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
     """A handler may answer with bytes it serialised itself (BuildContext writes its items straight
     to wire format); those go out unchanged."""
@@ -144,29 +177,73 @@ def _passing_bytes(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
     return serializer
 
 
+class SidecarServer:
+    """The asyncio gRPC server on an event loop of its own thread, driven from plain threads (the
+    command line, tests, benches) with start() and stop(grace).wait()."""
+
+    def __init__(self, app: Sidecar, *, listen: str | None, uds: str | None, auth_token: str | None,
+                 max_workers: int, rate_per_tenant: float) -> None:
+        limiter = TenantRateLimiter(rate_per_tenant, burst=max(rate_per_tenant, 1.0) * 2) if rate_per_tenant else None
+        self._pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-loop", daemon=True)
+        self._thread.start()
+        self.health = health.aio.HealthServicer()
+        self.port = self._run(self._build(app, listen, uds, GuardInterceptor(Guard(auth_token, limiter), self._pool)))
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _build(self, app: Sidecar, listen: str | None, uds: str | None, interceptor: GuardInterceptor) -> int:
+        self._server = grpc.aio.server(
+            interceptors=[interceptor],
+            # Beyond this many calls in flight new ones get RESOURCE_EXHAUSTED instead of queueing forever.
+            maximum_concurrent_rpcs=MAX_IN_FLIGHT,
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.so_reuseport", 0)])
+        pb_grpc.add_ContextServiceServicer_to_server(ContextServicer(app), self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME, health.SERVICE_NAME),
+                                            self._server)
+        port = self._server.add_insecure_port(f"unix:{uds}") if uds else \
+            self._server.add_insecure_port(listen or "127.0.0.1:50051")
+        if port == 0 and not uds:
+            raise OSError(f"could not bind {listen}")
+        return 0 if uds else port
+
+    def start(self) -> None:
+        self._run(self._server.start())
+
+    def stop(self, grace: float | None = None) -> threading.Event:
+        """Health turns NOT_SERVING, in-flight calls get `grace` seconds, new ones are refused; the
+        event is set once the loop and the pool are down."""
+        done = threading.Event()
+        if not self._loop.is_running():
+            done.set()
+            return done
+
+        async def shut() -> None:
+            await self.health.enter_graceful_shutdown()
+            await self._server.stop(grace)
+
+        self._run(shut())
+        self._pool.shutdown(wait=True)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+        done.set()
+        return done
+
+
 def build_server(app: Sidecar, *, listen: str | None, uds: str | None, auth_token: str | None = None,
-                 max_workers: int = 16, rate_per_tenant: float = 0.0) -> tuple[grpc.Server, int, health.HealthServicer]:
-    """Returns the started-able server, the bound TCP port (0 for a Unix socket) and its health servicer."""
-    limiter = TenantRateLimiter(rate_per_tenant, burst=max(rate_per_tenant, 1.0) * 2) if rate_per_tenant else None
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
-        interceptors=[GuardInterceptor(auth_token, limiter)],
-        # Beyond this many calls in flight new ones get RESOURCE_EXHAUSTED instead of queueing forever.
-        maximum_concurrent_rpcs=MAX_IN_FLIGHT,
-        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                 ("grpc.so_reuseport", 0)],
-    )
-    pb_grpc.add_ContextServiceServicer_to_server(ContextServicer(app), server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"unix:{uds}") if uds else server.add_insecure_port(listen or "127.0.0.1:50051")
-    if port == 0 and not uds:
-        raise OSError(f"could not bind {listen}")
-    return server, (0 if uds else port), health_servicer
+                 max_workers: int = 16, rate_per_tenant: float = 0.0) -> tuple[SidecarServer, int]:
+    """Returns the startable server and the bound TCP port (0 for a Unix socket)."""
+    server = SidecarServer(app, listen=listen, uds=uds, auth_token=auth_token, max_workers=max_workers,
+                           rate_per_tenant=rate_per_tenant)
+    return server, server.port
 
 
 def _settle_garbage_collector() -> None:
@@ -182,8 +259,7 @@ def serve(db_path: str, *, listen: str | None, uds: str | None, auth_token: str 
           app_factory: Callable[[str], Sidecar] = Sidecar, metrics_port: int = 0, rate_per_tenant: float = 0.0) -> int:
     app = app_factory(db_path)
     _settle_garbage_collector()
-    server, port, health_servicer = build_server(app, listen=listen, uds=uds, auth_token=auth_token,
-                                                 rate_per_tenant=rate_per_tenant)
+    server, port = build_server(app, listen=listen, uds=uds, auth_token=auth_token, rate_per_tenant=rate_per_tenant)
     if metrics_port:
         metrics.bind_gauges(app.queue_depth, {
             "memories": app.memories.entry_count, "knowledge": app.knowledge.entry_count,
@@ -198,7 +274,6 @@ def serve(db_path: str, *, listen: str | None, uds: str | None, auth_token: str 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    health_servicer.enter_graceful_shutdown()
     server.stop(grace=5).wait()  # in-flight calls finish; new ones are refused
     app.close()
     log.info("stopped cleanly")

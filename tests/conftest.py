@@ -30,7 +30,7 @@ class Running:
     def __init__(self, db_path: str, auth_token: str | None = None) -> None:
         self.db_path = db_path
         self.app = Sidecar(db_path)
-        self.server, self.port, _ = build_server(self.app, listen="127.0.0.1:0", uds=None, auth_token=auth_token)
+        self.server, self.port = build_server(self.app, listen="127.0.0.1:0", uds=None, auth_token=auth_token)
         self.server.start()
         self.address = f"127.0.0.1:{self.port}"
         self.channel = grpc.insecure_channel(self.address)

@@ -33,7 +33,7 @@ class EpisodicRunning:
     def __init__(self, db_path: str) -> None:
         self.app = recall.make_app(db_path)
         self.source = next(s for s in self.app.builder.sources if isinstance(s, EpisodicSource))
-        self.server, port, _ = build_server(self.app, listen="127.0.0.1:0", uds=None, auth_token=None)
+        self.server, port = build_server(self.app, listen="127.0.0.1:0", uds=None, auth_token=None)
         self.server.start()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         self.stub = pb_grpc.ContextServiceStub(self.channel)

@@ -83,7 +83,7 @@ def test_kill9_one_replica_under_load_loses_nothing(spawn, pg_store):
             try:
                 out = a.stub.AppendMessages(pb.AppendMessagesRequest(scope=s, session_id=sid, messages=[
                     pb.NewMessage(role=pb.ROLE_USER, text=f"load {i}", idempotency_key=f"k{i}")]), timeout=5)
-            except grpc.RpcError:
+            except (grpc.RpcError, ValueError):  # ValueError: kill9 closed the channel between two calls
                 return
             acked.extend(m.text for m in out.messages)
             i += 1

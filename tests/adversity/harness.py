@@ -82,6 +82,9 @@ def proc_stats(pid: int) -> dict[str, float]:
     return out
 
 
+_LOG_RECORD = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")  # the server's log lines start with asctime
+
+
 class Server(SidecarProcess):
     """`python -m sidecar serve` whose output is drained by a thread (a full pipe would block the
     server's logging) and scanned for logged internal errors."""
@@ -94,10 +97,16 @@ class Server(SidecarProcess):
         threading.Thread(target=self._pump, name="server-log", daemon=True).start()
 
     def _pump(self) -> None:
+        tracing = False  # inside the traceback that follows a logged internal error
         for line in self.proc.stdout:
             self.log.append(line)
             if "internal error" in line:
                 self.internal_logs.append(line.rstrip()[:500])
+                tracing = True
+            elif tracing and not _LOG_RECORD.match(line):
+                self.internal_logs[-1] = (self.internal_logs[-1] + "\n" + line.rstrip())[-4000:]
+            else:
+                tracing = False
 
     @property
     def pid(self) -> int:
