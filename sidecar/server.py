@@ -189,7 +189,18 @@ class SidecarServer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-loop", daemon=True)
         self._thread.start()
         self.health = health.aio.HealthServicer()
-        self.port = self._run(self._build(app, listen, uds, GuardInterceptor(Guard(auth_token, limiter), self._pool)))
+        try:
+            self.port = self._run(self._build(app, listen, uds, GuardInterceptor(Guard(auth_token, limiter),
+                                                                                  self._pool)))
+        except BaseException:  # e.g. the port is taken: leave no loop thread or pool behind
+            self._close_loop()
+            raise
+
+    def _close_loop(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
 
     def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -230,10 +241,7 @@ class SidecarServer:
             await self._server.stop(grace)
 
         self._run(shut())
-        self._pool.shutdown(wait=True)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        self._close_loop()
         done.set()
         return done
 
