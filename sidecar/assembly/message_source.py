@@ -18,26 +18,26 @@ class MessageSource:
     name = "messages"
 
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
-        view = inp.view
+        tail = inp.view.tail  # one read: an append publishes a new tail meanwhile, never changes this one
         batch = CandidateBatch(category=SoftCategory.RECENT_MESSAGES, section=Section.RECENT_MESSAGES)
-        if not view.messages:
+        if not tail.messages:
             return [batch]
-        tail = view.line_tokens[-MAX_WINDOW_MESSAGES:][::-1] + MESSAGE_LINE_EXTRA
-        within = int(np.searchsorted(np.cumsum(tail), max(inp.budget.recent_messages * WINDOW_FACTOR, 1),
+        newest = tail.line_tokens[-MAX_WINDOW_MESSAGES:][::-1] + MESSAGE_LINE_EXTRA
+        within = int(np.searchsorted(np.cumsum(newest), max(inp.budget.recent_messages * WINDOW_FACTOR, 1),
                                      side="right"))
-        start = len(view.messages) - max(within, 1)
-        window = view.messages[start:]
+        start = len(tail.messages) - max(within, 1)
+        window = tail.messages[start:]
         n = len(window)
-        batch.texts = view.lines[start:]
-        batch.sources = view.sources[start:]
-        batch.tokens = view.line_tokens[start:] + MESSAGE_LINE_EXTRA
+        batch.texts = tail.lines[start:]
+        batch.sources = tail.sources[start:]
+        batch.tokens = tail.line_tokens[start:] + MESSAGE_LINE_EXTRA
         batch.relevance = np.zeros(n)
         batch.age_s = np.zeros(n)
         batch.priority = 0.5 ** (np.arange(n - 1, -1, -1) / HALF_LIFE_TURNS)
         batch.meta = lambda j: (int(window[j].role), window[j].timestamp_ms, float(window[j].seq),
                                 (window[j].message_id,))
-        batch.order = view.seqs[start:]  # conversational order in the prompt
-        batch.bodies = view.item_bodies[start:]
-        batch.exact_keys = view.exact_keys[start:]
-        batch.simhashes = view.simhashes[start:]
+        batch.order = tail.seqs[start:]  # conversational order in the prompt
+        batch.bodies = tail.item_bodies[start:]
+        batch.exact_keys = tail.exact_keys[start:]
+        batch.simhashes = tail.simhashes[start:]
         return [batch]

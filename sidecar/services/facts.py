@@ -30,8 +30,9 @@ class FactInput:
 def state_hash(view: SessionView) -> str:
     """Hash of the confirmed state; equal while the state does not change."""
     h = hashlib.blake2b(digest_size=12)
-    for key in sorted(view.confirmed):
-        f = view.confirmed[key]
+    confirmed = view.confirmed  # one read: a write swaps in a new dict (see SessionView.apply_fact_changes)
+    for key in sorted(confirmed):
+        f = confirmed[key]
         h.update(f"{key}\x00{f.value}\x01".encode())
     return h.hexdigest()
 
@@ -109,9 +110,9 @@ class FactService:
 
     def state(self, scope: Scope, session_id: str) -> tuple[list[Fact], list[Fact], str]:
         view = self.sessions.view(scope, session_id)
-        confirmed = [view.confirmed[k] for k in sorted(view.confirmed)]
-        candidates = [view.candidates[k] for k in sorted(view.candidates)]
-        return confirmed, candidates, state_hash(view)
+        confirmed = sorted(view.confirmed.items())
+        candidates = sorted(view.candidates.items())
+        return [f for _, f in confirmed], [f for _, f in candidates], state_hash(view)
 
     def history(self, scope: Scope, session_id: str, key: str) -> list[FactChange]:
         check_text(key, "key", _KEY_LIMIT, required=True)

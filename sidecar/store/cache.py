@@ -32,7 +32,6 @@ from sidecar.domain import (
     SubSessionResult,
     ToolResult,
 )
-from sidecar.text import term_set
 
 MAX_CACHED_MESSAGES = 4096
 MAX_CACHED_SESSIONS = 20_000
@@ -43,13 +42,14 @@ MAX_CACHED_TOOL_RESULTS = 20
 MESSAGE_LINE_EXTRA = 1  # the newline that separates a message line from the next one in a prompt
 
 
-@dataclass(slots=True)
-class SessionView:
-    """A session as the hot path sees it. Treat as read-only outside the cache."""
+@dataclass(frozen=True, slots=True)
+class MessageTail:
+    """The newest MAX_CACHED_MESSAGES messages of a session with what the hot path needs of each,
+    in parallel lists, precomputed once so BuildContext only slices. Never changed in place: an
+    append publishes a new tail in one assignment, so BuildContext on another thread reads either
+    the old tail or the new one, never lists half-extended."""
 
-    session: Session
-    messages: list[Message]  # oldest first, the last MAX_CACHED_MESSAGES
-    # Parallel to messages, precomputed once so BuildContext only slices:
+    messages: list[Message] = field(default_factory=list)  # oldest first
     lines: list[str] = field(default_factory=list)  # "role: text" as rendered in a prompt
     sources: list[str] = field(default_factory=list)  # "message:<id>"
     line_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
@@ -60,7 +60,33 @@ class SessionView:
     item_bodies: list[bytes] = field(default_factory=list)
     exact_keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     simhashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
-    terms: list[frozenset[str]] = field(default_factory=list)
+
+    def extended(self, new: Sequence[Message]) -> MessageTail:
+        lines = [m.rendered for m in new]
+        exact, sim = fastpath.text_keys(lines)
+        sources = [f"message:{m.message_id}" for m in new]
+        bodies = [fastpath.encode_item(src, Category.RECENT_MESSAGES, m.line_tokens + MESSAGE_LINE_EXTRA, line,
+                                       m.role, m.timestamp_ms, (m.message_id,))
+                  for src, m, line in zip(sources, new, lines, strict=True)]
+        cut = max(len(self.messages) + len(new) - MAX_CACHED_MESSAGES, 0)
+        return MessageTail(
+            messages=[*self.messages[cut:], *new], lines=[*self.lines[cut:], *lines],
+            sources=[*self.sources[cut:], *sources],
+            line_tokens=np.concatenate([self.line_tokens[cut:], np.fromiter((m.line_tokens for m in new), np.int32)]),
+            seqs=np.concatenate([self.seqs[cut:], np.fromiter((m.seq for m in new), np.int64)]),
+            item_bodies=[*self.item_bodies[cut:], *bodies],
+            exact_keys=np.concatenate([self.exact_keys[cut:], exact]),
+            simhashes=np.concatenate([self.simhashes[cut:], sim]))
+
+
+@dataclass(slots=True)
+class SessionView:
+    """A session as the hot path sees it. Treat as read-only outside the cache. The cache never
+    changes a container that a reader may hold (tail, facts, tool results, notes): it swaps in a
+    new one, since BuildContext reads views on the event loop while writes land on pool threads."""
+
+    session: Session
+    tail: MessageTail = field(default_factory=MessageTail)  # read it once per call: see MessageTail
     confirmed: dict[str, Fact] = field(default_factory=dict)
     candidates: dict[str, Fact] = field(default_factory=dict)
     # Bumped on every change of the confirmed facts; the state hash is derived from it lazily.
@@ -72,44 +98,28 @@ class SessionView:
     notes: dict[str, list[RunNote]] = field(default_factory=dict)  # run id -> notes, oldest first
     subsession_results: list[SubSessionResult] = field(default_factory=list)
 
+    @property
+    def messages(self) -> list[Message]:
+        return self.tail.messages
+
     def add_messages(self, new: Sequence[Message]) -> None:
         if not new:
             return
-        lines = [m.rendered for m in new]
-        exact, sim = fastpath.text_keys(lines)
-        self.messages.extend(new)
-        self.lines.extend(lines)
-        sources = [f"message:{m.message_id}" for m in new]
-        self.sources.extend(sources)
-        self.line_tokens = np.concatenate([self.line_tokens, np.fromiter((m.line_tokens for m in new), np.int32)])
-        self.seqs = np.concatenate([self.seqs, np.fromiter((m.seq for m in new), np.int64)])
-        self.item_bodies.extend(
-            fastpath.encode_item(src, Category.RECENT_MESSAGES, m.line_tokens + MESSAGE_LINE_EXTRA, line, m.role,
-                                 m.timestamp_ms, (m.message_id,))
-            for src, m, line in zip(sources, new, lines, strict=True))
-        self.exact_keys = np.concatenate([self.exact_keys, exact])
-        self.simhashes = np.concatenate([self.simhashes, sim])
-        self.terms.extend(term_set(m.text) for m in new)
-        if len(self.messages) > MAX_CACHED_MESSAGES:
-            cut = len(self.messages) - MAX_CACHED_MESSAGES
-            for seq in (self.messages, self.lines, self.sources, self.terms, self.item_bodies):
-                del seq[:cut]
-            self.line_tokens = self.line_tokens[cut:]
-            self.seqs = self.seqs[cut:]
-            self.exact_keys = self.exact_keys[cut:]
-            self.simhashes = self.simhashes[cut:]
-        self.session.message_count = self.messages[-1].seq
+        self.tail = self.tail.extended(new)
+        self.session.message_count = new[-1].seq
 
     def set_facts(self, facts: Sequence[Fact]) -> None:
         self.confirmed, self.candidates = {}, {}
         self.apply_fact_changes(facts, ())
 
     def apply_fact_changes(self, upserts: Sequence[Fact], deletes: Sequence[tuple[str, int]]) -> None:
-        by_status = {FactStatus.CONFIRMED: self.confirmed, FactStatus.CANDIDATE: self.candidates}
+        # Copies, swapped in whole: a reader on another thread iterating the old dict never sees it change.
+        by_status = {FactStatus.CONFIRMED: dict(self.confirmed), FactStatus.CANDIDATE: dict(self.candidates)}
         for key, status in deletes:
             by_status[FactStatus(status)].pop(key, None)
         for f in upserts:
             by_status[f.status][f.key] = f
+        self.confirmed, self.candidates = by_status[FactStatus.CONFIRMED], by_status[FactStatus.CANDIDATE]
         self.state_version += 1
 
 
@@ -142,7 +152,7 @@ class CachingStore:
             session = self.backend.get_session(scope, session_id)
             if session is None:
                 return None
-            view = SessionView(session=session, messages=[])
+            view = SessionView(session=session)
             view.add_messages(self.backend.list_messages(scope, session_id, newest=MAX_CACHED_MESSAGES))
             view.session.message_count = session.message_count
             view.set_facts(self.backend.get_facts(scope, session_id))
@@ -254,8 +264,8 @@ class CachingStore:
             with self._lock:
                 view = self._cached(scope, result.session_id)
                 if view is not None and all(t.tool_result_id != result.tool_result_id for t in view.tool_results):
-                    view.tool_results.append(replace(result, full_text=""))  # the view never needs the full text
-                    del view.tool_results[:-MAX_CACHED_TOOL_RESULTS]
+                    # A new list, not an append: readers on other threads keep a whole one.
+                    view.tool_results = [*view.tool_results, replace(result, full_text="")][-MAX_CACHED_TOOL_RESULTS:]
 
     def write_run_notes(self, scope: Scope, add: Sequence[RunNote], delete_ids: Sequence[str] = ()) -> None:
         with contextlib.ExitStack() as held:
@@ -269,7 +279,7 @@ class CachingStore:
                     if view is not None:
                         notes = [n for n in view.notes.get(note.run_id, [])
                                  if n.note_id not in gone and n.note_id != note.note_id]
-                        view.notes[note.run_id] = sorted([*notes, note], key=lambda n: n.seq)
+                        view.notes = {**view.notes, note.run_id: sorted([*notes, note], key=lambda n: n.seq)}
 
     def put_summary(self, scope: Scope, summary: SessionSummary) -> None:
         with self._writer(scope, summary.session_id):
@@ -287,7 +297,7 @@ class CachingStore:
                 view = self._cached(scope, result.parent_session_id)
                 if view is not None and all(r.child_session_id != result.child_session_id
                                             for r in view.subsession_results):
-                    view.subsession_results.append(result)
+                    view.subsession_results = [*view.subsession_results, result]
 
     def evict_session(self, scope: Scope, session_id: str) -> None:
         """Forget a cached view (another replica changed the session); the next read reloads it."""
