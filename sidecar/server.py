@@ -130,15 +130,16 @@ class Guard:
         return False
 
 
-# In-memory and CPU-bound: these run on the event loop itself, with no hop to a worker thread (the
-# hop and the GIL hand-offs it brings cost more CPU than the call under concurrent load). The rest
-# (DuckDB writes, waits for jobs) run in the pool, so they never block the loop.
-INLINE_METHODS = frozenset({"BuildContext"})
+# In memory and CPU-bound under the GIL: these run on the event loop itself, with no hop to a worker
+# thread (the hop and the GIL hand-offs it brings cost more CPU than the call under concurrent
+# load). The rest (DuckDB writes, waits for jobs), and these too when a model embeds the query (the
+# GIL is released then, so threads overlap), run in the pool, so they never block the loop.
+INLINE_METHODS = frozenset({"BuildContext", "SearchMemories", "SearchKnowledge"})
 
 
 class GuardInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, guard: Guard, pool: futures.Executor) -> None:
-        self._guard, self._pool = guard, pool
+    def __init__(self, guard: Guard, pool: futures.Executor, inline: frozenset[str]) -> None:
+        self._guard, self._pool, self._inline = guard, pool, inline
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -150,7 +151,7 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or handler.unary_unary is None or method.startswith(_OPEN_PREFIXES):
             return handler
         guarded = self._guard.wrap(method, handler)
-        inline = method.rsplit("/", 1)[-1] in INLINE_METHODS
+        inline = method.rsplit("/", 1)[-1] in self._inline
         pool = self._pool
 
         async def handle(raw, context):
@@ -190,8 +191,9 @@ class SidecarServer:
         self._thread.start()
         self.health = health.aio.HealthServicer()
         try:
-            self.port = self._run(self._build(app, listen, uds, GuardInterceptor(Guard(auth_token, limiter),
-                                                                                  self._pool)))
+            inline = INLINE_METHODS if app.queries_hold_the_gil else frozenset()
+            interceptor = GuardInterceptor(Guard(auth_token, limiter), self._pool, inline)
+            self.port = self._run(self._build(app, listen, uds, interceptor))
         except BaseException:  # e.g. the port is taken: leave no loop thread or pool behind
             self._close_loop()
             raise
