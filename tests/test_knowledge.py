@@ -4,6 +4,7 @@ restart, conflicts with memory."""
 import grpc
 
 from sidecar.api import context_service_pb2 as pb
+from sidecar.app import Sidecar
 from tests.grpc_assert import expect_status
 
 RUNBOOK_V1 = """# Payment API runbook
@@ -167,3 +168,10 @@ def test_unknown_document_format_is_rejected(stub, scope):
                                                                        format=2147483647)),
                   grpc.StatusCode.INVALID_ARGUMENT, "format")
     assert not stub.ListDocuments(pb.ListDocumentsRequest(scope=scope)).documents
+
+
+def test_warm_up_after_close_is_quiet(tmp_path):
+    """The start-up warm-up thread may run after a quick close: it must stop, not raise."""
+    app = Sidecar(str(tmp_path / "closed.duckdb"))
+    app.close()
+    app.knowledge.warm_up()  # the store is closed: returns without an exception

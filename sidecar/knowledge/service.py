@@ -117,8 +117,15 @@ class KnowledgeService:
 
     def warm_up(self) -> None:
         """Load and catch up every tenant's index (run in the background at start-up)."""
-        for tenant_id in self.store.knowledge_tenants():
-            self.tenant(tenant_id)
+        try:
+            for tenant_id in self.store.knowledge_tenants():
+                if self._closing.is_set():
+                    return
+                self.tenant(tenant_id)
+        except Exception:
+            if not self._closing.is_set():
+                raise
+            # A close right after start-up shut the store under us: nothing left to warm.
 
     # ------------------------------------------------------------------ documents
     def ingest(self, scope: Scope, doc_id: str, title: str, text: str, fmt: int, roles: Sequence[str],
