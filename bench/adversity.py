@@ -97,6 +97,7 @@ def fuzz_part(tmp: Path, requests: int, quick: bool) -> dict:
         alive = server.alive() and server.healthy()
         out["fuzz_crashes"] = 0 if alive else 1
         out["fuzz_logged_internal_errors"] = len(server.internal_logs)
+        out["fuzz_internal_logs"] = server.internal_logs[:3]  # with the server's traceback
     finally:
         server.stop()
     out["fuzz_seconds"] = round(time.monotonic() - t, 1)

@@ -175,3 +175,13 @@ def test_warm_up_after_close_is_quiet(tmp_path):
     app = Sidecar(str(tmp_path / "closed.duckdb"))
     app.close()
     app.knowledge.warm_up()  # the store is closed: returns without an exception
+
+
+def test_the_same_edge_twice_in_one_call_is_one_upsert(stub, scope):
+    """Once INTERNAL (a duplicate key inside one insert); now the later one wins, as in two calls."""
+    same = [pb.Edge(subject="api", relation="calls", object="db", source=f"message:m{i}") for i in range(2)]
+    named = [pb.Edge(edge_id="e1", subject="a", relation="calls", object=o) for o in ("b", "c")]
+    stored = stub.UpsertEdges(pb.UpsertEdgesRequest(scope=scope, edges=same + named)).edges
+    assert [(e.subject, e.object, e.source) for e in stored] == [("api", "db", "message:m1"), ("a", "c", "")]
+    paths = stub.QueryGraph(pb.QueryGraphRequest(scope=scope, entity="a", max_hops=1)).paths
+    assert [list(p.entities) for p in paths] == [["a", "c"]]

@@ -268,6 +268,9 @@ class KnowledgeService:
             subject, relation, obj = e.subject.strip().lower(), e.relation.strip().lower(), e.object.strip().lower()
             out.append(GraphEdge(e.edge_id or edge_id_for(subject, relation, obj), subject, relation, obj, e.source,
                                  e.valid_from_ms, e.valid_to_ms))
+        # The same edge twice in one call (one edge_id, or one triple without an id) is one upsert:
+        # the later one wins, as it would in two calls.
+        out = list({e.edge_id: e for e in out}.values())
         self.store.upsert_edges(scope.tenant_id, out)
         g = self.graph(scope.tenant_id)
         with self._lock:
