@@ -27,12 +27,10 @@ class FactInput:
     source: str
 
 
-def state_hash(view: SessionView) -> str:
-    """Hash of the confirmed state; equal while the state does not change."""
+def state_hash(confirmed: Sequence[tuple[str, Fact]]) -> str:
+    """Hash of the confirmed state (key, fact pairs in key order); equal while it does not change."""
     h = hashlib.blake2b(digest_size=12)
-    confirmed = view.confirmed  # one read: a write swaps in a new dict (see SessionView.apply_fact_changes)
-    for key in sorted(confirmed):
-        f = confirmed[key]
+    for key, f in confirmed:
         h.update(f"{key}\x00{f.value}\x01".encode())
     return h.hexdigest()
 
@@ -110,9 +108,11 @@ class FactService:
 
     def state(self, scope: Scope, session_id: str) -> tuple[list[Fact], list[Fact], str]:
         view = self.sessions.view(scope, session_id)
+        # One read of each dict: a write swaps in new ones (SessionView.apply_fact_changes), and the
+        # list and its hash must describe the same state.
         confirmed = sorted(view.confirmed.items())
         candidates = sorted(view.candidates.items())
-        return [f for _, f in confirmed], [f for _, f in candidates], state_hash(view)
+        return [f for _, f in confirmed], [f for _, f in candidates], state_hash(confirmed)
 
     def history(self, scope: Scope, session_id: str, key: str) -> list[FactChange]:
         check_text(key, "key", _KEY_LIMIT, required=True)
