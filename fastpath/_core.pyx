@@ -1116,16 +1116,69 @@ def overlap_counts(a_sets, b_sets):
         for c in range(nb):
             pb = <const uint64_t*>_ptr(<cnp.ndarray>b[c])
             lb = cnp.PyArray_DIM(<cnp.ndarray>b[c], 0)
-            i = j = 0
-            shared = 0
-            while i < la and j < lb:
-                if pa[i] < pb[j]:
-                    i += 1
-                elif pa[i] > pb[j]:
-                    j += 1
-                else:
-                    shared += 1
-                    i += 1
-                    j += 1
-            o[r * nb + c] = shared
+            o[r * nb + c] = _shared(pa, la, pb, lb)
     return out
+
+
+cdef inline int32_t _shared(const uint64_t* pa, Py_ssize_t la, const uint64_t* pb, Py_ssize_t lb) noexcept nogil:
+    """|a & b| of two sorted unique id arrays, by a merge walk."""
+    cdef Py_ssize_t i = 0, j = 0
+    cdef int32_t shared = 0
+    while i < la and j < lb:
+        if pa[i] < pb[j]:
+            i += 1
+        elif pa[i] > pb[j]:
+            j += 1
+        else:
+            shared += 1
+            i += 1
+            j += 1
+    return shared
+
+
+cdef cnp.ndarray _matrix32(str name, object x, Py_ssize_t rows, Py_ssize_t cols):
+    """x as a C-contiguous float32 matrix; ValueError naming `name` when its shape is not (rows, cols)
+    (cols < 0: any)."""
+    cdef cnp.ndarray a = np.ascontiguousarray(x, dtype=np.float32)
+    if cnp.PyArray_NDIM(a) != 2 or cnp.PyArray_DIM(a, 0) != rows or (cols >= 0 and cnp.PyArray_DIM(a, 1) != cols):
+        raise ValueError(f"{name} must have shape ({rows}, {cols if cols >= 0 else 'dim'}), got {np.shape(x)}")
+    return a
+
+
+def best_matches(cos, a_sets, b_sets, double floor, int min_shared, double share_scale):
+    """For each row r: the column c that matches it best, with that match's score and cosine.
+
+    cos is float32[len(a_sets), len(b_sets)] (e.g. a_vecs @ b_vecs.T); share[r, c] =
+    |a_sets[r] & b_sets[c]| / max(len(a_sets[r]), 1) when cos[r, c] >= floor and the overlap is at
+    least min_shared, else 0; score = max(cos, share * share_scale), in double. Returns
+    (best int64[n_a], score float64[n_a], cos float64[n_a]); best is the first column of the highest
+    score, -1 when there are no columns."""
+    cdef list a = _id_sets("a_sets", a_sets), b = _id_sets("b_sets", b_sets)
+    cdef Py_ssize_t na = len(a), nb = len(b), r, c, la
+    cdef cnp.ndarray m = _matrix32("cos", cos, na, nb)
+    cdef cnp.ndarray best = _empty(na, cnp.NPY_INT64)
+    cdef cnp.ndarray score = _empty(na, cnp.NPY_FLOAT64)
+    cdef cnp.ndarray cosine = _empty(na, cnp.NPY_FLOAT64)
+    cdef int64_t* pbest = <int64_t*>_ptr(best)
+    cdef double* pscore = <double*>_ptr(score)
+    cdef double* pcos = <double*>_ptr(cosine)
+    cdef const float* pm = <const float*>_ptr(m)
+    cdef const uint64_t* ta
+    cdef int32_t shared
+    cdef double x, s, share, NEG_INF = -math.inf
+    for r in range(na):
+        ta = <const uint64_t*>_ptr(<cnp.ndarray>a[r])
+        la = cnp.PyArray_DIM(<cnp.ndarray>a[r], 0)
+        pbest[r], pscore[r], pcos[r] = -1, NEG_INF, 0.0
+        for c in range(nb):
+            x = <double>pm[r * nb + c]
+            s = x
+            if x >= floor:
+                shared = _shared(ta, la, <const uint64_t*>_ptr(<cnp.ndarray>b[c]), cnp.PyArray_DIM(<cnp.ndarray>b[c], 0))
+                if shared >= min_shared:
+                    share = <double>shared / <double>(la if la > 0 else 1)
+                    if share * share_scale > s:
+                        s = share * share_scale
+            if s > pscore[r]:
+                pbest[r], pscore[r], pcos[r] = c, s, x
+    return best, score, cosine

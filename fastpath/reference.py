@@ -482,3 +482,32 @@ def overlap_counts(a_sets: Sequence[Any], b_sets: Sequence[Any]) -> np.ndarray:
 
     a, b = ids("a_sets", a_sets), ids("b_sets", b_sets)
     return np.array([[len(x & y) for y in b] for x in a], np.int32).reshape(len(a), len(b))
+
+
+def best_matches(cos: Any, a_sets: Sequence[Any], b_sets: Sequence[Any], floor: float, min_shared: int,
+                 share_scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each row r: the column c that matches it best, with that match's score and cosine.
+
+    cos is float32[len(a_sets), len(b_sets)] (e.g. a_vecs @ b_vecs.T); share[r, c] =
+    |a_sets[r] & b_sets[c]| / max(len(a_sets[r]), 1) when cos[r, c] >= floor and the overlap is at
+    least min_shared, else 0; score = max(cos, share * share_scale), in double. Returns
+    (best int64[n_a], score float64[n_a], cos float64[n_a]); best is the first column of the highest
+    score, -1 when there are no columns."""
+    shared = overlap_counts(a_sets, b_sets).tolist()
+    m = np.asarray(cos, np.float32)
+    if m.shape != (len(a_sets), len(b_sets)):
+        raise ValueError(f"cos must have shape ({len(a_sets)}, {len(b_sets)}), got {np.shape(cos)}")
+    sizes = [max(len(np.asarray(t)), 1) for t in a_sets]
+    best, score, cosine = [], [], []
+    for r, row in enumerate(m.tolist()):  # float32 values as Python floats (exact)
+        top, top_s, top_cos = -1, -math.inf, 0.0
+        for c, x in enumerate(row):
+            s = x
+            if x >= floor and shared[r][c] >= min_shared:
+                s = max(s, shared[r][c] / sizes[r] * share_scale)
+            if s > top_s:
+                top, top_s, top_cos = c, s, x
+        best.append(top)
+        score.append(top_s)
+        cosine.append(top_cos)
+    return np.array(best, np.int64), np.array(score, np.float64), np.array(cosine, np.float64)

@@ -201,6 +201,42 @@ def test_overlap_counts_need_sorted_unique_ids(impl):
         impl.overlap_counts([np.zeros((2, 2), np.uint64)], [ok])
 
 
+_SMALL_SETS = st.lists(st.integers(0, 12), max_size=8, unique=True).map(lambda xs: np.array(sorted(xs), np.uint64))
+
+
+@FAST
+@given(st.data())
+def test_best_matches_match_reference(data):
+    """Ties (equal cosines, shares that tie a cosine), thresholds hit exactly and empty sides."""
+    na, nb = data.draw(st.integers(0, 6)), data.draw(st.integers(0, 6))
+    a = data.draw(st.lists(_SMALL_SETS, min_size=na, max_size=na))
+    b = data.draw(st.lists(_SMALL_SETS, min_size=nb, max_size=nb))
+    values = st.sampled_from([-1.0, -0.25, 0.0, 0.2, 0.45, 0.5, 0.9, 1.0]) | st.floats(-1, 1, width=32)
+    cos = np.array(data.draw(st.lists(values, min_size=na * nb, max_size=na * nb)), np.float32).reshape(na, nb)
+    floor, min_shared = data.draw(st.sampled_from([0.2, 0.0, -2.0])), data.draw(st.integers(0, 3))
+    scale = data.draw(st.sampled_from([0.75, 1.0, 2.0]))
+    got = fastpath.best_matches(cos, a, b, floor, min_shared, scale)
+    want = ref.best_matches(cos, a, b, floor, min_shared, scale)
+    assert all(same_floats(g, w) if g.dtype.kind == "f" else same(g, w) for g, w in zip(got, want, strict=True))
+    best, score, cosine = got
+    for r in range(na):  # and both are the plain definition: the first column of the best score
+        scores = [max(float(cos[r, c]), len(set(a[r].tolist()) & set(b[c].tolist())) / max(len(a[r]), 1) * scale
+                      if cos[r, c] >= floor and len(set(a[r].tolist()) & set(b[c].tolist())) >= min_shared
+                      else float(cos[r, c])) for c in range(nb)]
+        assert best[r] == (scores.index(max(scores)) if nb else -1)
+        if nb:
+            assert score[r] == max(scores) and cosine[r] == float(cos[r, best[r]])
+
+
+@IMPLS
+def test_best_matches_check_shapes(impl):
+    ok = np.array([1, 2], np.uint64)
+    with pytest.raises(ValueError, match=r"cos must have shape \(1, 2\)"):
+        impl.best_matches(np.zeros((2, 1), np.float32), [ok], [ok, ok], 0.2, 1, 1.0)
+    with pytest.raises(ValueError, match=r"b_sets\[0\] must be sorted and unique"):
+        impl.best_matches(np.zeros((1, 1), np.float32), [ok], [np.array([2, 1], np.uint64)], 0.2, 1, 1.0)
+
+
 # --------------------------------------------------------------------------------------------------
 # Semantic rules (each checked on both implementations)
 # --------------------------------------------------------------------------------------------------

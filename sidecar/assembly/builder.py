@@ -8,12 +8,21 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
 import fastpath
 from sidecar.assembly.budget import Budget
-from sidecar.assembly.candidates import BuildInput, CandidateBatch, CandidateSource, Section, SoftCategory
+from sidecar.assembly.candidates import (
+    SOFT_BUDGET_FIELDS,
+    SOFT_WIRE,
+    BuildInput,
+    CandidateBatch,
+    CandidateSource,
+    Section,
+    SoftCategory,
+)
 from sidecar.clock import now_ms
 from sidecar.domain import Category, Role, Scope
 from sidecar.errors import FailedPrecondition, InvalidArgument
@@ -279,7 +288,7 @@ class ContextBuilder:
         tokens = join("tokens", np.int32)
         exact, sim = join("exact_keys", np.uint64), join("simhashes", np.uint64)
         relevance, age, priority = join("relevance", np.float64), join("age_s", np.float64), join("priority", np.float64)
-        cat_budget = np.array([c.budget_of(budget) for c in SOFT_CATEGORIES], np.int64)
+        cat_budget = np.array([getattr(budget, f) for f in SOFT_BUDGET_FIELDS], np.int64)
         clock.lap("features")
 
         w = self.weights
@@ -302,11 +311,13 @@ class ContextBuilder:
         picked = np.bincount(category[sel.selected_in_order], minlength=n_cat)
         budgets, used, flowed = sel.effective_budget.tolist(), sel.used.tolist(), sel.flowed_in.tolist()
         considered_n, picked_n = considered.tolist(), picked.tolist()
-        usage = [Usage(c.wire, budgets[c], used[c], considered_n[c], picked_n[c], flowed[c]) for c in SOFT_CATEGORIES]
+        usage = [Usage(SOFT_WIRE[c], budgets[c], used[c], considered_n[c], picked_n[c], flowed[c])
+                 for c in range(n_cat)]
         return soft_sections, usage, dropped, counts, int(sel.used.sum())
 
 
 SOFT_CATEGORIES = tuple(SoftCategory)  # iterating an enum class is slow on the hot path
+_SECTION_SLOT = {s: n for n, s in enumerate(SOFT_SECTIONS)}
 EXCLUDED = -1  # status of a candidate a source excluded (CandidateBatch.exclude): never selected
 
 # Dedup keys of texts seen recently: memories and knowledge chunks come back call after call, and
@@ -365,44 +376,55 @@ def _pack_sections(live: list[CandidateBatch], sel: fastpath.Selection, starts: 
     picked = sel.selected_in_order
     k_of = np.searchsorted(starts, picked, side="right") - 1
     ks, js = k_of.tolist(), (picked - starts[k_of]).tolist()
-    has_bodies = [b.bodies is not None and b.order is not None for b in live]
-    wires = [b.category.wire for b in live]
-    slot = {s: n for n, s in enumerate(SOFT_SECTIONS)}
-    section = np.array([slot[b.section] for b in live], np.int64)[k_of]
+    held = [b.bodies if b.bodies is not None and b.order is not None else None for b in live]
+    section = np.array([_SECTION_SLOT[b.section] for b in live], np.int64)[k_of]
     scores, item_tokens = sel.scores[picked], tokens[picked]
-    keys = (np.concatenate([np.asarray(b.order, np.float64) if f else np.zeros(len(b))
-                            for b, f in zip(live, has_bodies, strict=True)]) if live else np.zeros(0))[picked]
-    bodies: list[bytes] = []
+    keys = (np.concatenate([np.asarray(b.order, np.float64) if h is not None else np.zeros(len(b))
+                            for b, h in zip(live, held, strict=True)]) if live else np.zeros(0))[picked]
     score_list, token_list = scores.tolist(), item_tokens.tolist()
+    bodies: list[bytes] = []
+    add = bodies.append
     encode = fastpath.encode_item
-    for n, (k, j) in enumerate(zip(ks, js, strict=True)):
-        b = live[k]
-        if has_bodies[k]:
-            bodies.append(b.bodies[j])
+    for n, k in enumerate(ks):
+        j = js[n]
+        if held[k] is not None:
+            add(held[k][j])
             continue
+        b = live[k]
         role, ts, order_key, message_ids = _meta(b, j)
         keys[n] = -score_list[n] if order_key is None else order_key  # best score first by default
-        bodies.append(encode(b.sources[j], wires[k], token_list[n], b.texts[j], role, ts, message_ids))
+        add(encode(b.sources[j], SOFT_WIRE[b.category], token_list[n], b.texts[j], role, ts, message_ids))
     order = np.lexsort((keys, section))  # stable: ties keep the ranking order
     bounds = np.searchsorted(section[order], np.arange(len(SOFT_SECTIONS) + 1)).tolist()
+    rows = order.tolist()
+    in_order = [bodies[n] for n in rows]
+    ordered_scores = scores[order].tolist()
+    per_section = np.bincount(section, weights=item_tokens, minlength=len(SOFT_SECTIONS)).astype(np.int64).tolist()
+    picks = _Picks(live, ks, js, score_list, token_list, keys.tolist())
+    return [PackedSection(kind, per_section[s], in_order[bounds[s]:bounds[s + 1]],
+                          ordered_scores[bounds[s]:bounds[s + 1]], partial(picks.items, rows[bounds[s]:bounds[s + 1]]))
+            for s, kind in enumerate(SOFT_SECTIONS)]
 
-    def packed(s: int) -> PackedSection:
-        at = order[bounds[s]:bounds[s + 1]]
-        rows = at.tolist()
 
-        def items() -> list[Item]:
-            out = []
-            for n in rows:
-                b, j = live[ks[n]], js[n]
-                role, ts, _, message_ids = _meta(b, j)
-                out.append(Item(b.sources[j], b.category.wire, score_list[n], token_list[n], b.texts[j], role, ts,
-                                message_ids, float(keys[n])))
-            return out
+@dataclass(slots=True)
+class _Picks:
+    """The packed candidates of one call, turned into Item objects only when asked for."""
 
-        return PackedSection(SOFT_SECTIONS[s], int(item_tokens[at].sum()), [bodies[n] for n in rows],
-                             scores[at].tolist(), items)
+    live: list[CandidateBatch]
+    ks: list[int]
+    js: list[int]
+    scores: list[float]
+    tokens: list[int]
+    keys: list[float]
 
-    return [packed(s) for s in range(len(SOFT_SECTIONS))]
+    def items(self, rows: list[int]) -> list[Item]:
+        out = []
+        for n in rows:
+            b, j = self.live[self.ks[n]], self.js[n]
+            role, ts, _, message_ids = _meta(b, j)
+            out.append(Item(b.sources[j], SOFT_WIRE[b.category], self.scores[n], self.tokens[n], b.texts[j], role,
+                            ts, message_ids, self.keys[n]))
+        return out
 
 
 def _drops(live: list[CandidateBatch], batches: list[CandidateBatch], sel: fastpath.Selection, starts: np.ndarray,
@@ -421,14 +443,14 @@ def _drops(live: list[CandidateBatch], batches: list[CandidateBatch], sel: fastp
         kept_by = {i: live[k].sources[j] for i, k, j in zip(*_owners(starts, np.asarray(winners, np.int64)),
                                                              strict=True)}
     scores, token_list = sel.scores[listed].tolist(), tokens[listed].tolist()
-    dropped = [Dropped(live[k].sources[j], live[k].category.wire, reason, score, item_tokens, kept_by.get(d, ""))
+    dropped = [Dropped(live[k].sources[j], SOFT_WIRE[live[k].category], reason, score, item_tokens, kept_by.get(d, ""))
                for (_, k, j), reason, d, score, item_tokens
                in zip(zip(*_owners(starts, listed), strict=True), reasons, dup_of, scores, token_list, strict=True)]
     for b in batches:
         for d in b.dropped:
             counts[d.reason] = counts.get(d.reason, 0) + 1
             if len(dropped) < max_dropped:
-                dropped.append(Dropped(d.source, d.category.wire, d.reason, 0.0, d.tokens, d.kept_source))
+                dropped.append(Dropped(d.source, SOFT_WIRE[d.category], d.reason, 0.0, d.tokens, d.kept_source))
     return dropped, counts
 
 

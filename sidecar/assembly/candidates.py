@@ -31,6 +31,11 @@ class SoftCategory(enum.IntEnum):
         return getattr(budget, self.name.lower())
 
 
+# Per SoftCategory value, looked up by index on the hot path (an enum property costs a microsecond).
+SOFT_WIRE: tuple[Category, ...] = tuple(c.wire for c in SoftCategory)
+SOFT_BUDGET_FIELDS: tuple[str, ...] = tuple(c.name.lower() for c in SoftCategory)
+
+
 class Section(enum.IntEnum):
     """Render order (proto SectionKind numbers): stable parts first so prompt caches hit."""
 

@@ -120,16 +120,12 @@ def knowledge_beats_memory(knowledge: KnowledgeService):
             sims = _vectors_of(knowledge, mb, mine) @ kb_vecs.T
             # Term containment (share of the memory's terms found in the chunk), scaled so that
             # CONFLICT_CONTAINMENT counts like CONFLICT_COSINE; only for pairs already somewhat close
-            # (the rest cannot be on the same subject).
-            mine_terms = [_terms_of(mb, j) for j in mine]
-            shared = fastpath.overlap_counts(mine_terms, kb_terms).astype(np.float32)
-            sizes = np.array([max(len(t), 1) for t in mine_terms], np.float32)[:, None]
-            contained = np.where((sims >= CONTAINMENT_FLOOR) & (shared >= CONFLICT_MIN_SHARED), shared / sizes, 0.0)
-            scores = np.maximum(sims, contained * (CONFLICT_COSINE / CONFLICT_CONTAINMENT))
-            rows = np.arange(len(mine))
-            best = scores.argmax(axis=1)
+            # (the rest cannot be on the same subject). The best chunk per memory, in one compiled pass.
+            best, scores, cosines = fastpath.best_matches(sims, [_terms_of(mb, j) for j in mine], kb_terms,
+                                                          CONTAINMENT_FLOOR, CONFLICT_MIN_SHARED,
+                                                          CONFLICT_COSINE / CONFLICT_CONTAINMENT)
             # Saying the same thing is no conflict: fastpath's dedup keeps the better of the two.
-            conflicts = (scores[rows, best] >= CONFLICT_COSINE) & (sims[rows, best] < SAME_STATEMENT_COSINE)
+            conflicts = (scores >= CONFLICT_COSINE) & (cosines < SAME_STATEMENT_COSINE)
             out = set()
             for row in np.flatnonzero(conflicts).tolist():
                 j, (b, i) = mine[row], refs[int(best[row])]

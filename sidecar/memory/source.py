@@ -38,7 +38,9 @@ class MemorySource:
                                                                   include_expired=True)}
             prefs = state.top_preferences(MAX_PREFERENCES)
             pref_vectors = {m.memory_id: state.index.vector(m.memory_id) for m in prefs if m.memory_id not in hits}
-            superseded = dict(state.superseded)
+            # Only the candidates' predecessors, not a copy of the user's whole supersession map.
+            superseded = {key: tuple(state.superseded[key]) for key in (*hits, *(m.memory_id for m in prefs))
+                          if key in state.superseded}
         picked, vectors = [], []
         for h in hits.values():
             if h.memory.expired(inp.now_ms):
@@ -64,7 +66,8 @@ class MemorySource:
         batch.relevance = [score for _, score in picked]
         batch.age_s = [max(inp.now_ms - m.updated_at_ms, 0) / 1000.0 for m, _ in picked]
         batch.priority = [0.1 * m.confidence for m, _ in picked]
-        batch.vectors = np.stack(vectors) if vectors else None
+        # One copy of all the rows (np.stack would add an axis to each vector first).
+        batch.vectors = np.concatenate(vectors).reshape(len(vectors), -1) if vectors else None
         with self.memories._lock:
             batch.term_ids = [state.term_ids(m.memory_id) for m, _ in picked]
         metas = [(0, m.updated_at_ms, None, tuple(m.source_message_ids)) for m, _ in picked]
