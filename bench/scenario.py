@@ -56,6 +56,8 @@ def _batch(category: SoftCategory, section: Section, texts: list[str], rng: rand
     # Like the real memory and knowledge sources, attach what was computed at index time.
     b.vectors = fastpath.hash_embed(texts, 256)
     b.term_ids = [term_ids(terms(t)) for t in texts]
+    b.bodies = [fastpath.encode_item(s, category.wire, n, t, 0, 0, ()) for s, n, t in zip(b.sources, b.tokens, texts,
+                                                                                         strict=True)]
     return b
 
 

@@ -376,24 +376,29 @@ def _pack_sections(live: list[CandidateBatch], sel: fastpath.Selection, starts: 
     picked = sel.selected_in_order
     k_of = np.searchsorted(starts, picked, side="right") - 1
     ks, js = k_of.tolist(), (picked - starts[k_of]).tolist()
-    held = [b.bodies if b.bodies is not None and b.order is not None else None for b in live]
+    held = [b.bodies for b in live]
     section = np.array([_SECTION_SLOT[b.section] for b in live], np.int64)[k_of]
     scores, item_tokens = sel.scores[picked], tokens[picked]
-    keys = (np.concatenate([np.asarray(b.order, np.float64) if h is not None else np.zeros(len(b))
-                            for b, h in zip(live, held, strict=True)]) if live else np.zeros(0))[picked]
+    # Order inside a section: the source's order key where it gave one, else best score first.
+    orders = (np.concatenate([np.asarray(b.order, np.float64) if b.order is not None else np.full(len(b), np.nan)
+                              for b in live]) if live else np.zeros(0))[picked]
+    keys = np.where(np.isnan(orders), -scores, orders)
     score_list, token_list = scores.tolist(), item_tokens.tolist()
-    bodies: list[bytes] = []
-    add = bodies.append
-    encode = fastpath.encode_item
-    for n, k in enumerate(ks):
-        j = js[n]
-        if held[k] is not None:
-            add(held[k][j])
-            continue
-        b = live[k]
-        role, ts, order_key, message_ids = _meta(b, j)
-        keys[n] = -score_list[n] if order_key is None else order_key  # best score first by default
-        add(encode(b.sources[j], SOFT_WIRE[b.category], token_list[n], b.texts[j], role, ts, message_ids))
+    if all(h is not None for h in held):  # every source kept its items' bytes
+        bodies = [held[k][j] for k, j in zip(ks, js, strict=True)]
+    else:
+        bodies = []
+        add = bodies.append
+        encode = fastpath.encode_item
+        for n, k in enumerate(ks):
+            j = js[n]
+            if held[k] is not None:
+                add(held[k][j])
+                continue
+            b = live[k]
+            role, ts, order_key, message_ids = _meta(b, j)
+            keys[n] = -score_list[n] if order_key is None else order_key
+            add(encode(b.sources[j], SOFT_WIRE[b.category], token_list[n], b.texts[j], role, ts, message_ids))
     order = np.lexsort((keys, section))  # stable: ties keep the ranking order
     bounds = np.searchsorted(section[order], np.arange(len(SOFT_SECTIONS) + 1)).tolist()
     rows = order.tolist()

@@ -8,7 +8,9 @@ import numpy as np
 
 import fastpath
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory, SourceDrop
+from sidecar.domain import Category
 from sidecar.knowledge.graph import render_path
+from sidecar.knowledge.index import ChunkEntry
 from sidecar.knowledge.service import KnowledgeService
 from sidecar.text import NO_TERMS, term_ids, terms
 from sidecar.tokens import count_tokens_cached
@@ -28,6 +30,7 @@ CONTAINMENT_FLOOR = 0.2
 CONFLICT_MAX_CHUNKS = 8
 CONFLICT_MAX_MEMORIES = 32
 DROP_CONFLICT_WITH_KNOWLEDGE = 7
+MAX_CACHED_ITEMS = 1 << 16
 
 
 def chunk_prefix(title: str, heading: str) -> str:
@@ -42,6 +45,21 @@ class KnowledgeSource:
 
     def __init__(self, knowledge: KnowledgeService) -> None:
         self.knowledge = knowledge
+        # chunk key -> (its entry, source tag, text, tokens, ContextItem wire bytes): a chunk comes back
+        # call after call, and its item never changes while its entry is the same object.
+        self._items: dict[str, tuple[ChunkEntry, str, str, int, bytes]] = {}
+
+    def _item(self, e: ChunkEntry) -> tuple[str, str, int, bytes]:
+        held = self._items.get(e.chunk.key)
+        if held is not None and held[0] is e:
+            return held[1:]
+        prefix = chunk_prefix(e.title, e.chunk.heading)
+        source, text, tokens = f"kb:{e.chunk.key}", f"{prefix} {e.chunk.text}", count_tokens_cached(prefix) + e.chunk.tokens + 1
+        body = fastpath.encode_item(source, Category.RAG_OR_GRAPH, tokens, text, 0, 0, ())
+        if len(self._items) >= MAX_CACHED_ITEMS:
+            self._items.clear()
+        self._items[e.chunk.key] = (e, source, text, tokens, body)
+        return source, text, tokens, body
 
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
         kb = CandidateBatch(category=SoftCategory.RAG_OR_GRAPH, section=Section.KNOWLEDGE)
@@ -57,11 +75,13 @@ class KnowledgeSource:
             hits, matched = self.knowledge.search_vector(inp.scope.tenant_id, inp.roles, inp.query, vector, TOP_K)
             kb.knowledge_matched = matched
             hits = [(h, e) for h, e in hits if h.score >= self.knowledge.relevance_threshold]
+            kb.bodies = []
             for h, e in hits:
-                prefix = chunk_prefix(e.title, e.chunk.heading)
-                kb.texts.append(f"{prefix} {e.chunk.text}")
-                kb.tokens.append(count_tokens_cached(prefix) + e.chunk.tokens + 1)
-                kb.sources.append(f"kb:{e.chunk.key}")
+                source, text, tokens, body = self._item(e)
+                kb.texts.append(text)
+                kb.tokens.append(tokens)
+                kb.sources.append(source)
+                kb.bodies.append(body)
                 kb.relevance.append(h.score + KNOWLEDGE_BONUS)
             n = len(hits)
             kb.age_s, kb.priority = [0.0] * n, [0.2] * n
@@ -90,9 +110,13 @@ class KnowledgeSource:
         kb.term_ids += [NO_TERMS] * len(paths)
         for p in paths:
             text = render_path(p)
+            tokens = count_tokens_cached(text) + 1
+            source = "graph:" + "+".join(str(e.edge_id) for e in p.edges)
             kb.texts.append(text)
-            kb.tokens.append(count_tokens_cached(text) + 1)
-            kb.sources.append("graph:" + "+".join(str(e.edge_id) for e in p.edges))
+            kb.tokens.append(tokens)
+            kb.sources.append(source)
+            if kb.bodies is not None:
+                kb.bodies.append(fastpath.encode_item(source, Category.RAG_OR_GRAPH, tokens, text, 0, 0, ()))
             kb.relevance.append(GRAPH_RELEVANCE / len(p.edges))
             kb.age_s.append(0.0)
             kb.priority.append(0.2)

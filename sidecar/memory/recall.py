@@ -33,6 +33,9 @@ class UserMemories:
     # successor id -> ids it superseded (so BuildContext can say why the old ones are absent)
     superseded: dict[str, list[str]] = field(default_factory=dict)
     _term_ids: dict[str, np.ndarray] = field(default_factory=dict)
+    # memory id -> its ContextItem wire bytes, filled by the BuildContext source (memory.source) and
+    # dropped on every change of that memory.
+    bodies: dict[str, bytes] = field(default_factory=dict)
     _prefs: list[Memory] | None = None  # cache of top_preferences, dropped on every change
 
     def term_ids(self, memory_id: str) -> np.ndarray:
@@ -43,6 +46,7 @@ class UserMemories:
 
     def add(self, memory: Memory, vector: np.ndarray) -> None:
         self._prefs = None
+        self.bodies.pop(memory.memory_id, None)
         self.active[memory.memory_id] = memory
         if memory.subject:
             self.by_subject.setdefault((memory.type, memory.subject), set()).add(memory.memory_id)
@@ -51,6 +55,7 @@ class UserMemories:
     def remove(self, memory_id: str) -> bool:
         memory = self.active.pop(memory_id, None)
         self._term_ids.pop(memory_id, None)
+        self.bodies.pop(memory_id, None)
         self._prefs = None
         if memory is None:
             return False
@@ -62,6 +67,7 @@ class UserMemories:
         """A changed row whose text and vector stay the same (a merge)."""
         self.active[memory.memory_id] = memory
         self.index.set_prior(memory.memory_id, AUTHORITY_BONUS[memory.authority])
+        self.bodies.pop(memory.memory_id, None)
         self._prefs = None
 
     def top_preferences(self, n: int) -> list[Memory]:

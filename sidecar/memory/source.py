@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory, SourceDrop
-from sidecar.domain import MemoryType
-from sidecar.memory.recall import AUTHORITY_BONUS
+import fastpath
+from sidecar.assembly.candidates import (
+    BuildInput,
+    CandidateBatch,
+    ItemMeta,
+    Section,
+    SoftCategory,
+    SourceDrop,
+)
+from sidecar.domain import Category, Memory, MemoryType
+from sidecar.memory.recall import AUTHORITY_BONUS, UserMemories
 from sidecar.memory.service import MemoryService, render_memory
 
 TOP_K = 24
@@ -68,8 +76,18 @@ class MemorySource:
         batch.priority = [0.1 * m.confidence for m, _ in picked]
         # One copy of all the rows (np.stack would add an axis to each vector first).
         batch.vectors = np.concatenate(vectors).reshape(len(vectors), -1) if vectors else None
-        with self.memories._lock:
-            batch.term_ids = [state.term_ids(m.memory_id) for m, _ in picked]
         metas = [(0, m.updated_at_ms, None, tuple(m.source_message_ids)) for m, _ in picked]
+        with self.memories._lock:  # under the lock: a write drops a memory's cached bytes
+            batch.term_ids = [state.term_ids(m.memory_id) for m, _ in picked]
+            batch.bodies = [state.bodies.get(m.memory_id) or _body(state, m, meta)
+                            for (m, _), meta in zip(picked, metas, strict=True)]
         batch.meta = metas.__getitem__
         return [batch]
+
+
+def _body(state: UserMemories, m: Memory, meta: ItemMeta) -> bytes:
+    """The memory's ContextItem wire bytes, made once per version of it."""
+    role, ts, _, message_ids = meta
+    body = state.bodies[m.memory_id] = fastpath.encode_item(f"memory:{m.memory_id}", Category.MEMORIES, m.tokens,
+                                                            render_memory(m.content), role, ts, message_ids)
+    return body
