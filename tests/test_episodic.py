@@ -351,6 +351,29 @@ def test_a_possessive_names_the_speaker():
     assert flat[0] == pytest.approx(flat[3])
 
 
+def test_terms_said_with_the_query_terms_widen_it():
+    from dataclasses import replace
+
+    from sidecar.memory.episodic import Ranking
+
+    hikes = [("Ann", "Went hiking up the ridge trail, what a view."), ("Bob", "Nice."),
+             ("Ann", "Another hike on the ridge trail this weekend."), ("Bob", "Cool.")]
+    later = [("Ann", "The ridge trail at sunrise was unreal."), ("Bob", "Wow."), ("Ann", "I bought a new lamp.")]
+    state = _index([(MAY_8, hikes), (MAY_8 + 30 * DAY_MS, later)])
+    r = Ranking(assoc_terms=2, assoc_weight=0.5, opener_boost=0.0)
+    names = {"ann", "bob"}
+    # "trail" and "ridge" share both of the "hike" turns; the names and the query's own terms never count.
+    assert sorted(state.associated(terms("Where did Ann hike?"), names, r)) == ["ridg", "trail"]
+    assert state.associated(terms("What lamp did Ann buy?"), names, r) == []  # in one turn only: no pair
+    q = "Where does Ann like to hike?"
+    wide, plain = state.rank(q, None, "", r), state.rank(q, None, "", replace(r, assoc_terms=0))
+    assert plain[4] == 0 < wide[4]  # the trail turn of a later session never says "hike"
+    # A compacted index counts the same co-occurrences as one built from its rows.
+    kept = state.compacted(2)
+    assert kept.associated(terms(q), names, r) == _index([(MAY_8, hikes[2:]), (MAY_8 + 30 * DAY_MS, later)]
+                                                         ).associated(terms(q), names, r)
+
+
 def test_offline_mode_matches_the_grpc_metric(tmp_path):
     convs = recall.load(TINY)
     app, maps = recall.offline_app(tmp_path / "cache", convs)

@@ -8,13 +8,15 @@ built from rows the first time a user is seen. Never searched across users.
 Ranking (model-free, see bench/recall.py for what each part adds): BM25 of the turn plus its
 same-session neighbours with decaying weights (a fact is often spread over question and answer),
 plus BM25 of the query's category words expanded through a small hand-written concept list ("pets"
--> dog, cat, turtle...), fused with the dense cosine, times a boost for turns spoken by a person the
-query names, for turns of a session in the month the query names or told on (or within a week after)
-a day it names ("on 9 November, 2022"), and for a session's first turns (a session opens with the
-news since the last one). Terms are stemmed with irregular forms ("went" -> go) and a dropped final
-"e" ("hike"/"hiking"). Packed turns read "Ann: text"; their date is one "[8 May 2023]" item per day,
-packed ahead of that day's turns. Measured on LoCoMo (tuned on conversations 1-5; bench/recall.py
---offline compares knobs in seconds): about 0.5 ms per query over a ~600-turn user."""
+-> dog, cat, turtle...) and of the terms the user says most with the query's terms (pointwise mutual
+information over their own turns, no model), fused with the dense cosine, times a boost for turns
+spoken by a person the query names, for turns of a session in the month the query names or told on
+(or within a week after) a day it names ("on 9 November, 2022"), and for a session's first turns (a
+session opens with the news since the last one). Terms are stemmed with irregular forms ("went" ->
+go) and a dropped final "e" ("hike"/"hiking"). Packed turns read "Ann: text"; their date is one
+"[8 May 2023]" item per day, packed ahead of that day's turns. Measured on LoCoMo (tuned on
+conversations 1-5; bench/recall.py --offline compares knobs in seconds): about 0.8 ms per query over a
+~600-turn user."""
 
 from __future__ import annotations
 
@@ -50,8 +52,8 @@ class Ranking:
     """Knobs of the ranker; defaults tuned on LoCoMo conversations 1-5 (bench/recall.py)."""
 
     neighbours: int = 4  # same-session turns on each side scored with the turn
-    prev_decay: float = 0.7  # weight of the k-th previous turn: prev_decay ** k
-    next_decay: float = 0.7  # weight of the k-th next turn
+    prev_decay: float = 0.55  # weight of the k-th previous turn: prev_decay ** k
+    next_decay: float = 0.55  # weight of the k-th next turn
     k1: float = 1.2
     b: float = 0.75
     session_weight: float = 0.0  # share of the best-matching turn of the same session
@@ -72,6 +74,9 @@ class Ranking:
     prf_docs: int = 0  # pseudo-relevance feedback: top turns whose strongest terms expand the query
     prf_terms: int = 8
     prf_weight: float = 0.0
+    assoc_terms: int = 5  # terms the user says most with the query's terms (PMI over turns) widen the query
+    assoc_weight: float = 0.15
+    assoc_min: int = 2  # turns a term must share with a query term
     spread: float = 0.0  # a turn scores at least spread * the score of its previous/next turn
     diversity: float = 0.0  # the j-th best turn of a session is divided by 1 + diversity * j
     opener_boost: float = 0.4  # the k-th turn of a session: * (1 + opener_boost * opener_decay ** k)
@@ -85,7 +90,8 @@ DEFAULT_RANKING = Ranking()
 # share than the hashed one's. Tuned on LoCoMo conversations 1-5 (bench/recall.py --profile model):
 # 0.2 -> 0.5 added +1.0 / +0.7 points at 2k / 4k there and +1.1 / +1.1 on conversations 6-10;
 # 0.4 and 0.6 were lower, 0.7 and 1.0 (dense alone) much lower.
-MODEL_RANKING = replace(DEFAULT_RANKING, dense_weight=0.5)
+# Its neighbour decay and association expansion stay as they were measured with it (not re-tuned).
+MODEL_RANKING = replace(DEFAULT_RANKING, dense_weight=0.5, prev_decay=0.7, next_decay=0.7, assoc_terms=0)
 
 # ---------------------------------------------------------------------------------------- terms
 _WORD_RE = re.compile(r"[0-9a-z]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
@@ -309,12 +315,18 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
     speakers: dict[str, int] = field(default_factory=dict)  # lowercased name -> speaker id
     postings: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
     arrays: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    vocab: dict[str, int] = field(default_factory=dict)  # term -> id, for co-occurrence counts
+    words: list[str] = field(default_factory=list)  # id -> term
     total_len: float = 0.0
     day_items: dict[int, tuple[str, int, int, int]] = field(default_factory=dict)  # day -> text, tokens, keys
 
     def __post_init__(self) -> None:
         self._win_key: tuple | None = None  # (rows, decay) the cached window length norm is for
         self._win_norm = np.zeros(0, np.float32)
+        self.term_df = np.zeros(256, np.int32)  # turns holding each term id
+        # Each turn's distinct term ids: term_at[term_ptr[row]:term_ptr[row + 1]].
+        self.term_at = np.zeros(4096, np.int32)
+        self.term_ptr = np.zeros(self.cap + 1, np.int64)
         self.vectors = np.zeros((self.cap, self.dim), np.float32)
         self.tokens = np.zeros(self.cap, np.int32)
         self.timestamps = np.zeros(self.cap, np.int64)
@@ -405,14 +417,29 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         return len(fresh)
 
     def _post(self, row: int) -> None:
-        """Add a row's term counts (row_terms, row_tfs) to the postings."""
+        """Add a row's term counts (row_terms, row_tfs) to the postings (rows in order)."""
+        ids: list[int] = []
         for t, tf in zip(self.row_terms[row], self.row_tfs[row], strict=True):
             posting = self.postings.get(t)
             if posting is None:
                 posting = self.postings[t] = ([], [])
+                self.vocab[t] = len(self.words)
+                self.words.append(t)
             posting[0].append(row)
             posting[1].append(tf)
             self.arrays.pop(t, None)
+            ids.append(self.vocab[t])
+        start = int(self.term_ptr[row])
+        end = start + len(ids)
+        if end > len(self.term_at):
+            self.term_at = np.concatenate([self.term_at, np.zeros(max(end, len(self.term_at)), np.int32)])
+        if row + 2 > len(self.term_ptr):
+            self.term_ptr = np.concatenate([self.term_ptr, np.zeros(len(self.term_ptr), np.int64)])
+        self.term_at[start:end] = ids
+        self.term_ptr[row + 1] = end
+        if len(self.words) > len(self.term_df):
+            self.term_df = np.concatenate([self.term_df, np.zeros(len(self.term_df), np.int32)])
+        self.term_df[ids] += 1
 
     def compacted(self, start: int) -> _UserIndex:
         """The same index without rows before `start`, from what is already in memory (no rows read,
@@ -520,8 +547,8 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         q_terms = terms(query, stemmed=r.stem)
         words = {w.split("'")[0] for w in _WORD_RE.findall(query.lower())}  # "melanie's" names melanie
         named = [sid for name, sid in self.speakers.items() if name in words or name.split(" ")[0] in words]
+        names = {stem(x) for name in self.speakers for x in name.split()}
         if r.drop_names:
-            names = {stem(x) for name in self.speakers for x in name.split()}
             kept = [t for t in q_terms if t not in names]
             q_terms = kept or q_terms
         if r.question_stopwords:
@@ -582,6 +609,13 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
                 etop = float(extra.max())
                 if etop > 0:
                     score = score + r.concept_weight * extra / etop
+        if r.assoc_terms > 0 and r.assoc_weight > 0:
+            assoc = self.associated(q_terms, names, r)
+            if assoc:
+                extra = self.window_bm25(assoc, decay, r.k1, r.b)
+                etop = float(extra.max())
+                if etop > 0:
+                    score = score + r.assoc_weight * extra / etop
         if r.prf_docs > 0 and r.prf_weight > 0 and n > r.prf_docs:
             fb = self._feedback(score * mult, set(q_terms), r)
             if fb:
@@ -608,6 +642,31 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             score[top] = score[top] / (1.0 + r.diversity * rank_in)
         score[mult == 0.0] = -np.inf
         return score
+
+    def associated(self, query_terms: Sequence[str], names: set[str], r: Ranking) -> list[str]:
+        """The assoc_terms terms the user says most with the query's terms ("hike" -> trail, view):
+        per query term, sum over the terms sharing at least assoc_min of its turns of their PMI
+        (when positive) times the share of its turns they are in; query terms and names excluded."""
+        n, size = len(self.ids), len(self.words)
+        picked = [a[0] for q in dict.fromkeys(query_terms)
+                  if q not in QUESTION_WORDS and (a := self._arrays(q)) is not None]
+        if not picked:
+            return []
+        sizes = np.array([len(p) for p in picked])
+        rows = np.concatenate(picked)
+        starts = self.term_ptr[rows]
+        lens = self.term_ptr[rows + 1] - starts
+        at = np.repeat(starts - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+        owner = np.repeat(np.repeat(np.arange(len(picked)), sizes), lens)
+        together = np.bincount(owner * size + self.term_at[at], minlength=len(picked) * size)
+        hit = np.flatnonzero(together >= max(r.assoc_min, 1))
+        share = together[hit] / sizes[hit // size]
+        gain = np.maximum(np.log(n * share / self.term_df[hit % size]), 0.0) * share
+        acc = np.bincount(hit % size, gain, minlength=size)
+        acc[[self.vocab[t] for t in {*query_terms, *names} if t in self.vocab]] = 0.0
+        best = np.flatnonzero(acc > 0)
+        best = best[np.argsort(-acc[best], kind="stable")[: r.assoc_terms]]
+        return [self.words[i] for i in best.tolist()]
 
     def _feedback(self, score: np.ndarray, query_terms: set[str], r: Ranking) -> list[str]:
         """The prf_terms terms most characteristic of the prf_docs best turns (idf-weighted, not in the query)."""
