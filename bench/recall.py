@@ -521,6 +521,7 @@ def write_results(figures: dict, profile: str, budgets: Sequence[int]) -> None:
     ax.plot(budgets, [figures["recency"][str(b)] for b in budgets], marker="o", label="recency")
     ax.set(xscale="log", xlabel="soft-zone budget (tokens)", ylabel="evidence recall", ylim=(0, 1))
     ax.set_xticks(list(budgets), [f"{b // 1000}k" for b in budgets])
+    ax.minorticks_off()
     ax.legend()
     fig.tight_layout()
     fig.savefig(RESULTS / f"recall-{profile}.png", dpi=120)
