@@ -27,12 +27,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
 import fastpath
-from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory
-from sidecar.domain import Message, Role, Scope
+from sidecar.assembly.candidates import BuildInput, CandidateBatch, ItemMeta, Section, SoftCategory
+from sidecar.domain import Category, Message, Role, Scope
 from sidecar.index.embedders import Embedder
 from sidecar.text import STOPWORDS
 from sidecar.tokens import count_many
@@ -319,6 +320,9 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
     words: list[str] = field(default_factory=list)  # id -> term
     total_len: float = 0.0
     day_items: dict[int, tuple[str, int, int, int]] = field(default_factory=dict)  # day -> text, tokens, keys
+    # row -> (source tag, ContextItem wire bytes) of the turns that were candidates: made the first
+    # time a turn is recalled, never changed (a turn's text, tokens, role and time are fixed).
+    items: dict[int, tuple[str, bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._win_key: tuple | None = None  # (rows, decay) the cached window length norm is for
@@ -416,6 +420,15 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             self.total_len += len(words)
         return len(fresh)
 
+    def item(self, row: int) -> tuple[str, bytes]:
+        held = self.items.get(row)
+        if held is None:
+            source = f"message:{self.ids[row]}"
+            held = self.items[row] = (source, fastpath.encode_item(
+                source, Category.MEMORIES, int(self.tokens[row]), self.texts[row], int(self.roles[row]),
+                int(self.timestamps[row]), (self.ids[row],)))
+        return held
+
     def _post(self, row: int) -> None:
         """Add a row's term counts (row_terms, row_tfs) to the postings (rows in order)."""
         ids: list[int] = []
@@ -465,6 +478,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         out.total_len = float(out.doc_len[:n].sum())
         days = set(out.day_of[:n].tolist())
         out.day_items = {d: item for d, item in self.day_items.items() if d in days}
+        out.items = {row - start: item for row, item in self.items.items() if row >= start}
         return out
 
     def bm25(self, query_terms: Sequence[str], k1: float = BM25_K1, b: float = BM25_B) -> np.ndarray:
@@ -821,47 +835,59 @@ class EpisodicSource:
                                              inp.query_embedding)
         if not len(rows):
             return [batch]
-        ids, texts = state.ids, state.texts
         row_list = rows.tolist()
-        ts, seqs, roles = state.timestamps[rows].tolist(), state.seqs[rows].tolist(), state.roles[rows].tolist()
         age = np.maximum(inp.now_ms - state.timestamps[rows], 0) / 1000.0
         # Packed turns read as a timeline: order by time, then by sequence inside a session.
-        keys = [float(t) * 1000.0 + s % 1000 for t, s in zip(ts, seqs, strict=True)]
-        metas = [(roles[j], ts[j], keys[j], (ids[row_list[j]],)) for j in range(len(row_list))]
-        batch.texts = [texts[i] for i in row_list]
-        batch.sources = [f"message:{ids[i]}" for i in row_list]
+        keys = state.timestamps[rows].astype(np.float64) * 1000.0 + state.seqs[rows] % 1000
+        items = [state.item(i) for i in row_list]
+        batch.texts = [state.texts[i] for i in row_list]
+        batch.sources = [it[0] for it in items]
+        batch.bodies = [it[1] for it in items]
+        batch.order = keys
         batch.tokens = state.tokens[rows]
         batch.relevance = relevance
         batch.age_s = age
         batch.exact_keys = state.exact[rows]
         batch.simhashes = state.simhash[rows]
-        if not state.dated:
-            self._day_headers(state, batch, rows, metas)
+        headers: list[ItemMeta] = self._day_headers(state, batch, rows) if not state.dated else []
         batch.priority = np.zeros(len(batch.texts))
-        batch.meta = metas.__getitem__
+        batch.meta = partial(_turn_meta, state, row_list, headers, batch.order)
         return [batch]
 
     @staticmethod
-    def _day_headers(state: _UserIndex, batch: CandidateBatch, rows: np.ndarray, metas: list) -> None:
+    def _day_headers(state: _UserIndex, batch: CandidateBatch, rows: np.ndarray) -> list[ItemMeta]:
         """One "[8 May 2023]" item per day of the candidates, ahead of them: relevance and recency of
         the day's best turn (so it is packed before any of them) and an order key just before the
-        day's first turn. A day's date costs its tokens once instead of on every turn."""
+        day's first turn. A day's date costs its tokens once instead of on every turn. Returns the
+        headers' item metadata."""
         days = state.day_of[rows]
         uniq, first, inverse = np.unique(days, return_index=True, return_inverse=True)
         rel = np.asarray(batch.relevance, np.float64)
         age = np.asarray(batch.age_s, np.float64)
         min_age = np.full(len(uniq), np.inf)
         np.minimum.at(min_age, inverse, age)
-        keys = np.array([m[2] for m in metas])
         min_key = np.full(len(uniq), np.inf)
-        np.minimum.at(min_key, inverse, keys)
+        np.minimum.at(min_key, inverse, batch.order)
         items = [state.day_items[d] for d in uniq.tolist()]
+        sources = [f"date:{d}" for d in uniq.tolist()]
+        first_ts = state.timestamps[rows[first]].tolist()
+        metas: list[ItemMeta] = [(0, t, k - 0.5, ()) for t, k in zip(first_ts, min_key.tolist(), strict=True)]
         batch.texts = [it[0] for it in items] + batch.texts
-        batch.sources = [f"date:{d}" for d in uniq.tolist()] + batch.sources
+        batch.sources = sources + batch.sources
+        batch.bodies = [fastpath.encode_item(src, Category.MEMORIES, it[1], it[0], 0, t, ())
+                        for src, it, t in zip(sources, items, first_ts, strict=True)] + list(batch.bodies)
+        batch.order = np.concatenate([min_key - 0.5, batch.order])
         batch.tokens = np.concatenate([np.array([it[1] for it in items], np.int32), batch.tokens])
         batch.relevance = np.concatenate([rel[first], rel])
         batch.age_s = np.concatenate([min_age, age])
         batch.exact_keys = np.concatenate([np.array([it[2] for it in items], np.uint64), batch.exact_keys])
         batch.simhashes = np.concatenate([np.array([it[3] for it in items], np.uint64), batch.simhashes])
-        first_ts = state.timestamps[rows[first]].tolist()
-        metas[:0] = [(0, t, k - 0.5, ()) for t, k in zip(first_ts, min_key.tolist(), strict=True)]
+        return metas
+
+
+def _turn_meta(state: _UserIndex, rows: list[int], headers: list[ItemMeta], order: np.ndarray, j: int) -> ItemMeta:
+    """Item metadata of the j-th candidate (day headers first, then turns), made only when asked for."""
+    if j < len(headers):
+        return headers[j]
+    row = rows[j - len(headers)]
+    return int(state.roles[row]), int(state.timestamps[row]), float(order[j]), (state.ids[row],)
