@@ -510,17 +510,27 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
 
     def window_bm25(self, query_terms: Sequence[str], decay: np.ndarray, k1: float, b: float) -> np.ndarray:
         """BM25 of each turn's neighbourhood as one document: the decayed term counts of the window
-        saturate per term, so a window that covers more of the query's terms wins. Sparse: each
+        saturate per term, so a window that covers more of the query's terms wins."""
+        return self.window_bm25_groups([query_terms], decay, k1, b)[0]
+
+    def window_bm25_groups(self, groups: Sequence[Sequence[str]], decay: np.ndarray, k1: float, b: float
+                           ) -> list[np.ndarray]:
+        """window_bm25 of each group of terms, their window counts taken in one pass. Sparse: each
         posting adds its count to its own row and, decayed, to its neighbours' rows (all terms in one
-        bincount), so the cost follows the postings rather than rows x terms."""
+        bincount), so the cost follows the postings rather than rows x terms. A term's counts do not
+        depend on the other terms, so each group gets exactly what a call of its own would."""
         n = len(self.ids)
+        slot: dict[str, int] = {}
         picked = []
-        for t in dict.fromkeys(query_terms):
-            arrays = self._arrays(t)
-            if arrays is not None:
-                picked.append(arrays)
+        for group in groups:
+            for t in group:
+                if t not in slot:
+                    arrays = self._arrays(t)
+                    slot[t] = len(picked) if arrays is not None else -1
+                    if arrays is not None:
+                        picked.append(arrays)
         if not picked or not n:
-            return np.zeros(n, np.float32)
+            return [np.zeros(n, np.float32) for _ in groups]
         key = (n, b, decay.tobytes())
         if self._win_key != key:
             nbr = self.nbr[:n]
@@ -542,8 +552,17 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         ok = (targets >= 0) & (weights > 0)
         tw = np.bincount(owners[ok] * n + targets[ok], weights[ok], minlength=len(picked) * n)
         tw = tw.reshape(len(picked), n).astype(np.float32)
-        norm = k1 * self._win_norm
-        return idf @ (tw * (k1 + 1.0) / (tw + norm))
+        saturated = tw * (k1 + 1.0) / (tw + k1 * self._win_norm)
+        out = []
+        for group in groups:
+            at = [slot[t] for t in dict.fromkeys(group) if slot[t] >= 0]
+            if not at:
+                out.append(np.zeros(n, np.float32))
+            elif at == list(range(len(picked))):  # e.g. a single group: no copy
+                out.append(idf @ saturated)
+            else:
+                out.append(idf[at] @ saturated[at])
+        return out
 
     def smooth(self, scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """scores[i] + sum_k weights[k] * scores[k-th neighbour of i]; scores carries a 0 sentinel at n."""
@@ -567,12 +586,17 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             q_terms = kept or q_terms
         if r.question_stopwords:
             q_terms = [t for t in q_terms if t not in QUESTION_WORDS] or q_terms
+        # The query's terms, their concept words and the terms said with them: window counts in one pass.
+        have = set(q_terms)
+        wider = [t for q in q_terms for t in CONCEPTS.get(q, ()) if t not in have] if r.concept_weight > 0 else []
+        assoc = self.associated(q_terms, names, r) if r.assoc_terms > 0 and r.assoc_weight > 0 else []
+        win, wider_win, assoc_win = self.window_bm25_groups(
+            [q_terms if r.window_doc > 0 else [], wider, assoc], decay, r.k1, r.b)
         if r.window_doc >= 1.0:
-            lex = self.window_bm25(q_terms, decay, r.k1, r.b)
+            lex = win
         else:
             lex = self.smooth(self.bm25(q_terms, r.k1, r.b), decay)
             if r.window_doc > 0:
-                win = self.window_bm25(q_terms, decay, r.k1, r.b)
                 lex = ((1.0 - r.window_doc) * lex / max(float(lex.max()), 1e-9)
                        + r.window_doc * win / max(float(win.max()), 1e-9))
         top = float(lex.max()) if n else 0.0
@@ -615,21 +639,10 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             mult *= np.where(near, 1.0 + r.day_boost, 1.0)
         if exclude_session and exclude_session in self.session_rows:
             mult[self.session_rows[exclude_session]] = 0.0
-        if r.concept_weight > 0:
-            have = set(q_terms)
-            wider = [t for q in q_terms for t in CONCEPTS.get(q, ()) if t not in have]
-            if wider:
-                extra = self.window_bm25(wider, decay, r.k1, r.b)
-                etop = float(extra.max())
-                if etop > 0:
-                    score = score + r.concept_weight * extra / etop
-        if r.assoc_terms > 0 and r.assoc_weight > 0:
-            assoc = self.associated(q_terms, names, r)
-            if assoc:
-                extra = self.window_bm25(assoc, decay, r.k1, r.b)
-                etop = float(extra.max())
-                if etop > 0:
-                    score = score + r.assoc_weight * extra / etop
+        for extra, weight in ((wider_win, r.concept_weight), (assoc_win, r.assoc_weight)):
+            etop = float(extra.max()) if n else 0.0
+            if etop > 0:
+                score = score + weight * extra / etop
         if r.prf_docs > 0 and r.prf_weight > 0 and n > r.prf_docs:
             fb = self._feedback(score * mult, set(q_terms), r)
             if fb:
