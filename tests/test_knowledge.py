@@ -185,3 +185,38 @@ def test_the_same_edge_twice_in_one_call_is_one_upsert(stub, scope):
     assert [(e.subject, e.object, e.source) for e in stored] == [("api", "db", "message:m1"), ("a", "c", "")]
     paths = stub.QueryGraph(pb.QueryGraphRequest(scope=scope, entity="a", max_hops=1)).paths
     assert [list(p.entities) for p in paths] == [["a", "c"]]
+
+
+def test_packed_chunk_items_are_dropped_with_their_chunks(tmp_path):
+    """BuildContext keeps each packed chunk's item bytes; a new live version or a deleted document drops
+    them, so no text of a replaced or deleted chunk stays behind in the sidecar."""
+    from sidecar.assembly.builder import BuildRequest
+    from sidecar.domain import Scope
+
+    app = Sidecar(str(tmp_path / "items.duckdb"))
+    try:
+        scope = Scope("t", "u")
+
+        def ingest(text: str) -> None:
+            *_, job_id = app.knowledge.ingest(scope, "runbook-pay", "Payment API runbook", text,
+                                              pb.DOCUMENT_FORMAT_MARKDOWN, (), {}, 128, 0, True)
+            assert app.worker.wait(scope, [job_id], 30)[1]
+
+        ingest(RUNBOOK_V1)
+        tk = app.knowledge.tenant("t")
+        sid = app.sessions.create(scope, "s", "", {}).session_id
+        request = BuildRequest(session_id=sid, query="how do I restart payment-api?")
+
+        def packed_kb() -> set[str]:
+            return {it.source[3:] for kind, items in app.builder.build(scope, request).sections for it in items
+                    if it.source.startswith("kb:")}
+
+        v1 = packed_kb()
+        assert v1 and v1 <= set(tk.items)
+        ingest(RUNBOOK_V2)
+        v2 = packed_kb()
+        assert v2 and not v2 & v1 and v2 <= set(tk.items) and not set(tk.items) & v1
+        app.knowledge.delete(scope, "runbook-pay")
+        assert not packed_kb() and not set(tk.items) & (v1 | v2)
+    finally:
+        app.close()

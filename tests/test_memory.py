@@ -214,3 +214,21 @@ def test_memories_and_queued_jobs_survive_kill9(spawn):
     assert "Reads runbooks first" in contents
     hits = again.stub.SearchMemories(pb.SearchMemoriesRequest(scope=s, query="runbooks")).hits
     assert hits and hits[0].memory.content == "Reads runbooks first"
+
+
+def test_context_shows_a_memory_as_it_is_now(stub, scope, session_id):
+    """BuildContext keeps each memory's item bytes; an edit or a delete must never show the old text."""
+    def packed() -> list[str]:
+        resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=session_id,
+                                                        query="which dashboard for payment-api latency?"))
+        return [i.text for s in resp.sections if s.kind == pb.SECTION_KIND_MEMORIES for i in s.items]
+
+    add = stub.AddMemory(pb.AddMemoryRequest(scope=scope, type=pb.MEMORY_TYPE_PREFERENCE,
+                                             content="Prefers the Grafana dashboard for payment-api latency"))
+    assert any("Grafana" in t for t in packed())
+    stub.UpdateMemory(pb.UpdateMemoryRequest(scope=scope, memory_id=add.memory.memory_id,
+                                             content="Prefers the Datadog dashboard for payment-api latency"))
+    now = packed()
+    assert any("Datadog" in t for t in now) and not any("Grafana" in t for t in now)
+    stub.DeleteMemory(pb.DeleteMemoryRequest(scope=scope, memory_id=add.memory.memory_id))
+    assert not any("dashboard" in t for t in packed())

@@ -43,6 +43,9 @@ class TenantKnowledge:
         self.dim = dim
         self.groups: dict[Acl, HybridIndex] = {}
         self.entries: dict[str, ChunkEntry] = {}  # chunk key -> entry (live, indexed chunks only)
+        # chunk key -> (entry, source tag, text, tokens, ContextItem bytes) as BuildContext packs the
+        # chunk (knowledge.source); not saved, dropped with the chunk.
+        self.items: dict[str, tuple[ChunkEntry, str, str, int, bytes]] = {}
         self.lock = threading.RLock()
 
     def add(self, entries: Sequence[ChunkEntry], vectors: np.ndarray) -> None:
@@ -64,6 +67,7 @@ class TenantKnowledge:
         n = 0
         with self.lock:
             for key in keys:
+                self.items.pop(key, None)
                 entry = self.entries.pop(key, None)
                 if entry is not None:
                     self.groups[entry.acl].remove(key)

@@ -10,7 +10,7 @@ import fastpath
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory, SourceDrop
 from sidecar.domain import Category
 from sidecar.knowledge.graph import render_path
-from sidecar.knowledge.index import ChunkEntry
+from sidecar.knowledge.index import ChunkEntry, TenantKnowledge
 from sidecar.knowledge.service import KnowledgeService
 from sidecar.text import NO_TERMS, term_ids, terms
 from sidecar.tokens import count_tokens_cached
@@ -45,20 +45,20 @@ class KnowledgeSource:
 
     def __init__(self, knowledge: KnowledgeService) -> None:
         self.knowledge = knowledge
-        # chunk key -> (its entry, source tag, text, tokens, ContextItem wire bytes): a chunk comes back
-        # call after call, and its item never changes while its entry is the same object.
-        self._items: dict[str, tuple[ChunkEntry, str, str, int, bytes]] = {}
 
-    def _item(self, e: ChunkEntry) -> tuple[str, str, int, bytes]:
-        held = self._items.get(e.chunk.key)
+    @staticmethod
+    def _item(tk: TenantKnowledge, e: ChunkEntry) -> tuple[str, str, int, bytes]:
+        """(source tag, text, tokens, ContextItem bytes) of a chunk: a chunk comes back call after call,
+        and its item never changes while its entry is the same object."""
+        held = tk.items.get(e.chunk.key)
         if held is not None and held[0] is e:
             return held[1:]
         prefix = chunk_prefix(e.title, e.chunk.heading)
         source, text, tokens = f"kb:{e.chunk.key}", f"{prefix} {e.chunk.text}", count_tokens_cached(prefix) + e.chunk.tokens + 1
         body = fastpath.encode_item(source, Category.RAG_OR_GRAPH, tokens, text, 0, 0, ())
-        if len(self._items) >= MAX_CACHED_ITEMS:
-            self._items.clear()
-        self._items[e.chunk.key] = (e, source, text, tokens, body)
+        if len(tk.items) >= MAX_CACHED_ITEMS:
+            tk.items.clear()
+        tk.items[e.chunk.key] = (e, source, text, tokens, body)
         return source, text, tokens, body
 
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
@@ -77,7 +77,7 @@ class KnowledgeSource:
             hits = [(h, e) for h, e in hits if h.score >= self.knowledge.relevance_threshold]
             kb.bodies = []
             for h, e in hits:
-                source, text, tokens, body = self._item(e)
+                source, text, tokens, body = self._item(tk, e)
                 kb.texts.append(text)
                 kb.tokens.append(tokens)
                 kb.sources.append(source)
