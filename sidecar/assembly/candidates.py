@@ -27,13 +27,10 @@ class SoftCategory(enum.IntEnum):
     def wire(self) -> Category:
         return Category[self.name]  # the proto Category of the same name
 
-    def budget_of(self, budget: Budget) -> int:
-        return getattr(budget, self.name.lower())
-
 
 # Per SoftCategory value, looked up by index on the hot path (an enum property costs a microsecond).
 SOFT_WIRE: tuple[Category, ...] = tuple(c.wire for c in SoftCategory)
-SOFT_BUDGET_FIELDS: tuple[str, ...] = tuple(c.name.lower() for c in SoftCategory)
+SOFT_BUDGET_FIELDS: tuple[str, ...] = tuple(c.name.lower() for c in SoftCategory)  # Budget's field names
 
 
 class Section(enum.IntEnum):
