@@ -80,3 +80,12 @@ def best_matches(
     min_shared: int,
     share_scale: float,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]: ...
+def fused_top_k(
+    dense: npt.ArrayLike,
+    lexical: npt.ArrayLike,
+    prior: npt.ArrayLike,
+    alive: npt.ArrayLike,
+    w: float,
+    half: float,
+    k: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...

@@ -6,7 +6,7 @@ validate and convert inputs, then hand raw contiguous buffers to nogil kernels (
 _core.pxd so other Cython modules can cimport them).
 """
 
-from libc.math cimport exp, isnan, sqrt
+from libc.math cimport exp, isinf, isnan, sqrt
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset
@@ -1182,3 +1182,102 @@ def best_matches(cos, a_sets, b_sets, double floor, int min_shared, double share
             if s > pscore[r]:
                 pbest[r], pscore[r], pcos[r] = c, s, x
     return best, score, cosine
+
+
+cdef inline bint _ranks_before(float fa, int64_t ra, float fb, int64_t rb) noexcept nogil:
+    """(fused descending, row ascending): the order of fused_top_k's result."""
+    return fa > fb or (fa == fb and ra < rb)
+
+
+cdef void _sift_down(float* hf, int64_t* hr, Py_ssize_t size, Py_ssize_t i) noexcept nogil:
+    """Restore the heap below i; the root is the entry that ranks last (the first to give way)."""
+    cdef Py_ssize_t child, last
+    cdef float tf
+    cdef int64_t tr
+    while True:
+        child, last = 2 * i + 1, i
+        if child < size and _ranks_before(hf[last], hr[last], hf[child], hr[child]):
+            last = child
+        if child + 1 < size and _ranks_before(hf[last], hr[last], hf[child + 1], hr[child + 1]):
+            last = child + 1
+        if last == i:
+            return
+        tf, tr = hf[i], hr[i]
+        hf[i], hr[i] = hf[last], hr[last]
+        hf[last], hr[last] = tf, tr
+        i = last
+
+
+def fused_top_k(dense, lexical, prior, alive, double w, double half, Py_ssize_t k):
+    """The k best rows of a hybrid index by fused score, in one pass without temporaries.
+
+    All arithmetic in float32: lex = lexical / (lexical + half); fused = (w * dense + (1 - w) * lex)
+    + prior. Rows that are not alive or whose fused score is not finite are skipped. Returns
+    (rows int64[m], fused float32[m], lex float32[m]), m = min(k, eligible rows), ordered by fused
+    descending, ties by row ascending. lexical must be >= 0 and half > 0."""
+    cdef cnp.ndarray d = _arr("dense", dense, cnp.NPY_FLOAT32, np.float32, _FLOAT_KINDS, -1)
+    cdef Py_ssize_t n = cnp.PyArray_DIM(d, 0), i, m = 0, size = 0
+    cdef cnp.ndarray lx = _arr("lexical", lexical, cnp.NPY_FLOAT32, np.float32, _FLOAT_KINDS, n)
+    cdef cnp.ndarray pr = _arr("prior", prior, cnp.NPY_FLOAT32, np.float32, _FLOAT_KINDS, n)
+    cdef cnp.ndarray al = _arr("alive", alive, cnp.NPY_BOOL, np.bool_, "biu", n)
+    if not half > 0:
+        raise ValueError(f"half must be > 0, got {half}")
+    cdef const float* pd = <const float*>_ptr(d)
+    cdef const float* pl = <const float*>_ptr(lx)
+    cdef const float* pp = <const float*>_ptr(pr)
+    cdef const uint8_t* pa = <const uint8_t*>_ptr(al)
+    cdef float w32 = <float>w, omw32 = <float>(1.0 - w), h32 = <float>half, l, f
+    cdef bint bad = False
+    if k < 0:
+        k = 0
+    cdef float* hf = <float*>malloc((k if k < n else n) * sizeof(float) + 1)
+    cdef int64_t* hr = <int64_t*>malloc((k if k < n else n) * sizeof(int64_t) + 1)
+    if hf == NULL or hr == NULL:
+        free(hf)
+        free(hr)
+        raise MemoryError()
+    with nogil:
+        for i in range(n):
+            if not pl[i] >= 0:  # also NaN
+                bad = True
+                break
+            if not pa[i] or k == 0:
+                continue
+            l = pl[i] / (pl[i] + h32)
+            f = (w32 * pd[i] + omw32 * l) + pp[i]
+            if isnan(f) or isinf(f):
+                continue
+            if size < k:  # fill, then heapify once full
+                hf[size], hr[size] = f, i
+                size += 1
+                if size == k:
+                    for m in range(k // 2 - 1, -1, -1):
+                        _sift_down(hf, hr, size, m)
+            elif _ranks_before(f, i, hf[0], hr[0]):
+                hf[0], hr[0] = f, i
+                _sift_down(hf, hr, size, 0)
+        if not bad and size < k:
+            for m in range(size // 2 - 1, -1, -1):
+                _sift_down(hf, hr, size, m)
+    if bad:
+        free(hf)
+        free(hr)
+        raise ValueError("lexical must be >= 0")
+    cdef cnp.ndarray rows = _empty(size, cnp.NPY_INT64)
+    cdef cnp.ndarray fused = _empty(size, cnp.NPY_FLOAT32)
+    cdef cnp.ndarray lex = _empty(size, cnp.NPY_FLOAT32)
+    cdef int64_t* prows = <int64_t*>_ptr(rows)
+    cdef float* pfused = <float*>_ptr(fused)
+    cdef float* plex = <float*>_ptr(lex)
+    with nogil:
+        # Pop the heap from its last-ranked entry: the output fills from the back.
+        m = size
+        while m > 0:
+            m -= 1
+            prows[m], pfused[m] = hr[0], hf[0]
+            plex[m] = pl[hr[0]] / (pl[hr[0]] + h32)
+            hf[0], hr[0] = hf[m], hr[m]
+            _sift_down(hf, hr, m, 0)
+    free(hf)
+    free(hr)
+    return rows, fused, lex

@@ -511,3 +511,44 @@ def best_matches(cos: Any, a_sets: Sequence[Any], b_sets: Sequence[Any], floor: 
         score.append(top_s)
         cosine.append(top_cos)
     return np.array(best, np.int64), np.array(score, np.float64), np.array(cosine, np.float64)
+
+
+def _f32(x: float) -> float:
+    """x rounded to the nearest float32. One IEEE float32 operation is exactly the double result
+    rounded once to float32 (double has more than 2 * 24 + 2 bits), so chains of _f32 steps give
+    what compiled float32 code gives."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:  # struct rounds first and refuses only what rounds to infinity
+        return math.copysign(math.inf, x)
+
+
+def fused_top_k(dense: Any, lexical: Any, prior: Any, alive: Any, w: float, half: float,
+                k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The k best rows of a hybrid index by fused score.
+
+    All arithmetic in float32: lex = lexical / (lexical + half); fused = (w * dense + (1 - w) * lex)
+    + prior. Rows that are not alive or whose fused score is not finite are skipped. Returns
+    (rows int64[m], fused float32[m], lex float32[m]), m = min(k, eligible rows), ordered by fused
+    descending, ties by row ascending. lexical must be >= 0 and half > 0."""
+    d = _array("dense", dense, np.float32, "biuf").tolist()
+    n = len(d)
+    lx = _array("lexical", lexical, np.float32, "biuf", n).tolist()
+    pr = _array("prior", prior, np.float32, "biuf", n).tolist()
+    al = _array("alive", alive, np.bool_, "biu", n).tolist()
+    if not half > 0:
+        raise ValueError(f"half must be > 0, got {half}")
+    if not all(x >= 0 for x in lx):
+        raise ValueError("lexical must be >= 0")
+    w32, omw32, h32 = _f32(w), _f32(1.0 - w), _f32(half)
+    lex = [_f32(x / _f32(x + h32)) for x in lx]
+    scored = []
+    for i in range(n):
+        if al[i]:
+            f = _f32(_f32(_f32(w32 * d[i]) + _f32(omw32 * lex[i])) + pr[i])
+            if math.isfinite(f):
+                scored.append((-f, i))
+    scored.sort()
+    top = scored[:max(k, 0)]
+    return (np.array([i for _, i in top], np.int64), np.array([-f for f, _ in top], np.float32),
+            np.array([lex[i] for _, i in top], np.float32))

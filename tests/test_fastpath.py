@@ -237,6 +237,43 @@ def test_best_matches_check_shapes(impl):
         impl.best_matches(np.zeros((1, 1), np.float32), [ok], [np.array([2, 1], np.uint64)], 0.2, 1, 1.0)
 
 
+
+@FAST
+@given(st.data())
+def test_fused_top_k_match_reference(data):
+    """Ties (repeated values, so equal fused scores), dead rows, infinities from the dense side, k
+    beyond the rows, and weights that push float32 products to overflow."""
+    n = data.draw(st.integers(0, 40))
+    values = st.sampled_from([0.0, -0.0, 0.5, 1.0, -1.0, 3.0]) | st.floats(-2, 2, width=32)
+    dense = np.array(data.draw(st.lists(values | st.sampled_from([math.inf, -math.inf, 3e38]), min_size=n,
+                                        max_size=n)), np.float32)
+    lexical = np.array(data.draw(st.lists(st.sampled_from([0.0, 1.0, 2.5]) | st.floats(0, 50, width=32),
+                                          min_size=n, max_size=n)), np.float32)
+    prior = np.array(data.draw(st.lists(st.sampled_from([0.0, 0.1, 0.2]), min_size=n, max_size=n)), np.float32)
+    alive = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), bool)
+    w = data.draw(st.sampled_from([0.0, 0.2, 0.6, 1.0, 2.0, 1e30]))
+    half, k = data.draw(st.sampled_from([2.0, 0.5, 1e-3])), data.draw(st.integers(-1, 45))
+    got = fastpath.fused_top_k(dense, lexical, prior, alive, w, half, k)
+    want = ref.fused_top_k(dense, lexical, prior, alive, w, half, k)
+    assert same(got[0], want[0]) and same_floats(got[1], want[1]) and same_floats(got[2], want[2])
+    with np.errstate(all="ignore"):  # and both are numpy's float32 formula, ranked by (-fused, row)
+        lex = lexical / (lexical + np.float32(half))
+        fused = np.float32(w) * dense + np.float32(1.0 - w) * lex + prior
+    rows = sorted((i for i in range(n) if alive[i] and np.isfinite(fused[i])), key=lambda i: (-fused[i], i))
+    assert got[0].tolist() == rows[:max(k, 0)]
+    assert same_floats(got[1], fused[got[0]]) and same_floats(got[2], lex[got[0]])
+
+
+@IMPLS
+def test_fused_top_k_check_inputs(impl):
+    one = np.ones(1, np.float32)
+    with pytest.raises(ValueError, match="lexical must have length 1"):
+        impl.fused_top_k(one, np.ones(2, np.float32), one, np.ones(1, bool), 0.5, 2.0, 1)
+    with pytest.raises(ValueError, match="lexical must be >= 0"):
+        impl.fused_top_k(one, -one, one, np.ones(1, bool), 0.5, 2.0, 1)
+    with pytest.raises(ValueError, match="half must be > 0"):
+        impl.fused_top_k(one, one, one, np.ones(1, bool), 0.5, 0.0, 1)
+
 # --------------------------------------------------------------------------------------------------
 # Semantic rules (each checked on both implementations)
 # --------------------------------------------------------------------------------------------------

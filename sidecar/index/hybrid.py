@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import hnswlib
 import numpy as np
 
+import fastpath
+
 BM25_K1, BM25_B = 1.2, 0.75
 # Lexical scores are squashed as s / (s + LEXICAL_HALF) so that they stay comparable across
 # queries (an absolute threshold like "no knowledge matched" needs that).
@@ -192,34 +194,31 @@ class HybridIndex:
         n_rows = len(self._keys)
         if not self._row_of or k <= 0:
             return []
-        lexical = self._lexical(terms) if terms else np.zeros(n_rows, np.float32)
-        lexical = lexical / (lexical + LEXICAL_HALF)
+        raw = self._lexical(terms) if terms else np.zeros(n_rows, np.float32)
         alive = self._alive[:n_rows]
-        if vector is None or not np.any(vector):
-            dense_rows = np.zeros(0, np.int64)
-            dense_of = None
-        elif self._hnsw is None:
+        w = self.dense_weight
+        has_vector = vector is not None and bool(np.any(vector))
+        if has_vector and self._hnsw is None:  # exact: every row has a dense score
             dense_of = self._vectors[:n_rows] @ vector
-            dense_rows = None
+            # Fuse, skip the dead and keep the best k in one compiled pass (a handful of numpy
+            # temporaries of n rows otherwise).
+            top, fused, lex = fastpath.fused_top_k(dense_of, raw, self._prior[:n_rows], alive, w, LEXICAL_HALF, k)
+            return _hits(self._keys, top, fused, dense_of[top], lex, self._vectors[top])
+        lexical = raw / (raw + LEXICAL_HALF)
+        if not has_vector:
+            dense_rows = np.zeros(0, np.int64)
         else:
             want = min(k * 2, len(self._row_of))
             self._hnsw.set_ef(max(self._ef, want))
             labels, _ = self._hnsw.knn_query(vector, k=want, num_threads=1)
             dense_rows = labels[0].astype(np.int64)
-            dense_of = None
-        w = self.dense_weight
-        if dense_of is not None:  # exact: every row has a dense score
-            fused = np.where(alive, w * dense_of + (1 - w) * lexical + self._prior[:n_rows], -np.inf)
-            top = _top_k(fused, k)
-            top = top[np.isfinite(fused[top])]
-            return _hits(self._keys, top, fused[top], dense_of[top], lexical[top], self._vectors[top])
         lex_rows = _top_k(np.where(alive, lexical, -np.inf), k * 2)
         lex_rows = lex_rows[lexical[lex_rows] > 0]
         rows = np.unique(np.concatenate([dense_rows, lex_rows])) if len(dense_rows) else lex_rows
         rows = rows[alive[rows]]
         if len(rows) == 0:
             return []
-        dense = self._vectors[rows] @ vector if vector is not None and np.any(vector) else np.zeros(len(rows))
+        dense = self._vectors[rows] @ vector if has_vector else np.zeros(len(rows))
         fused = w * dense + (1 - w) * lexical[rows] + self._prior[rows]
         order = np.argsort(-fused, kind="stable")[:k]
         return _hits(self._keys, rows[order], fused[order], dense[order], lexical[rows[order]],
