@@ -89,3 +89,11 @@ def fused_top_k(
     half: float,
     k: int,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+def encode_dropped(
+    sources: Sequence[str],
+    categories: npt.ArrayLike,
+    reasons: npt.ArrayLike,
+    scores: npt.ArrayLike,
+    tokens: npt.ArrayLike,
+    kept_sources: Sequence[str],
+) -> bytes: ...

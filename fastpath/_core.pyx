@@ -1024,14 +1024,29 @@ def encode_item(str source, int64_t category, int64_t tokens, str text, int64_t 
     return out
 
 
+cdef inline uint32_t _float_bits(double x) noexcept nogil:
+    """x rounded to float32 (to nearest, beyond its range to infinity), as its bit pattern."""
+    cdef float f = <float>x
+    cdef uint32_t bits
+    memcpy(&bits, &f, 4)
+    return bits
+
+
+cdef inline char* _put_fixed32(char* p, int tag, uint32_t bits) noexcept nogil:
+    p[0] = <char>tag
+    p[1] = <char>(bits & 0xFF)  # fixed32 is little-endian on the wire, whatever the host
+    p[2] = <char>((bits >> 8) & 0xFF)
+    p[3] = <char>((bits >> 16) & 0xFF)
+    p[4] = <char>(bits >> 24)
+    return p + 5
+
+
 def encode_section(int64_t kind, bodies, scores, int64_t tokens):
     """Wire bytes of one BuildContextResponse.sections entry; see fastpath.reference."""
     cdef list items = bodies if type(bodies) is list else list(bodies)
     cdef Py_ssize_t n = len(items), k, inner, nb
     cdef cnp.ndarray sc = _arr("scores", scores, cnp.NPY_FLOAT64, np.float64, _FLOAT_KINDS, n)
     cdef const double* sp = <const double*>_ptr(sc)
-    cdef float f
-    cdef uint32_t bits
     cdef char* p
     cdef uint32_t* fbits = <uint32_t*>malloc((n + 1) * sizeof(uint32_t))
     if fbits == NULL:
@@ -1042,10 +1057,8 @@ def encode_section(int64_t kind, bodies, scores, int64_t tokens):
             body = items[k]
             if type(body) is not bytes:
                 raise TypeError(f"bodies[{k}] is a {type(body).__name__}, not bytes")
-            f = <float>sp[k]
-            memcpy(&bits, &f, 4)
-            fbits[k] = bits
-            nb = PyBytes_GET_SIZE(body) + (5 if bits else 0)
+            fbits[k] = _float_bits(sp[k])
+            nb = PyBytes_GET_SIZE(body) + (5 if fbits[k] else 0)
             inner += 1 + _varint_len(nb) + nb
         out = PyBytes_FromStringAndSize(NULL, 1 + _varint_len(inner) + inner)
         p = PyBytes_AS_STRING(out)
@@ -1060,13 +1073,7 @@ def encode_section(int64_t kind, bodies, scores, int64_t tokens):
             memcpy(p, PyBytes_AS_STRING(body), nb)
             p += nb
             if fbits[k]:
-                bits = fbits[k]
-                p[0] = <char>0x1D
-                p[1] = <char>(bits & 0xFF)  # fixed32 is little-endian on the wire, whatever the host
-                p[2] = <char>((bits >> 8) & 0xFF)
-                p[3] = <char>((bits >> 16) & 0xFF)
-                p[4] = <char>(bits >> 24)
-                p += 5
+                p = _put_fixed32(p, 0x1D, fbits[k])
         _put_int_field(p, 0x18, <uint64_t>tokens)
         return out
     finally:
@@ -1281,3 +1288,62 @@ def fused_top_k(dense, lexical, prior, alive, double w, double half, Py_ssize_t 
     free(hf)
     free(hr)
     return rows, fused, lex
+
+
+def encode_dropped(sources, categories, reasons, scores, tokens, kept_sources):
+    """Wire bytes of BuildContextResponse.dropped entries, one per index; see fastpath.reference."""
+    cdef list src = _str_list("sources", sources), kept = _str_list("kept_sources", kept_sources)
+    cdef Py_ssize_t n = len(src), k, total = 0, ns, nk
+    if len(kept) != n:
+        raise ValueError(f"kept_sources must have length {n}, got {len(kept)}")
+    cdef cnp.ndarray cat = _arr("categories", categories, cnp.NPY_INT64, np.int64, _INT_KINDS, n)
+    cdef cnp.ndarray rea = _arr("reasons", reasons, cnp.NPY_INT64, np.int64, _INT_KINDS, n)
+    cdef cnp.ndarray tok = _arr("tokens", tokens, cnp.NPY_INT64, np.int64, _INT_KINDS, n)
+    cdef cnp.ndarray sc = _arr("scores", scores, cnp.NPY_FLOAT64, np.float64, _FLOAT_KINDS, n)
+    cdef const int64_t* pc = <const int64_t*>_ptr(cat)
+    cdef const int64_t* pr = <const int64_t*>_ptr(rea)
+    cdef const int64_t* pt = <const int64_t*>_ptr(tok)
+    cdef const double* ps = <const double*>_ptr(sc)
+    cdef const char* s
+    cdef const char* q
+    cdef char* p
+    cdef uint32_t bits
+    cdef Py_ssize_t* inner = <Py_ssize_t*>malloc((n + 1) * sizeof(Py_ssize_t))
+    if inner == NULL:
+        raise MemoryError()
+    try:
+        for k in range(n):
+            PyUnicode_AsUTF8AndSize(src[k], &ns)
+            PyUnicode_AsUTF8AndSize(kept[k], &nk)
+            inner[k] = ((1 + _varint_len(ns) + ns if ns else 0) + (1 + _varint_len(nk) + nk if nk else 0)
+                        + _int_field_len(<uint64_t>pc[k]) + _int_field_len(<uint64_t>pr[k])
+                        + _int_field_len(<uint64_t>pt[k]) + (5 if _float_bits(ps[k]) else 0))
+            total += 1 + _varint_len(inner[k]) + inner[k]
+        out = PyBytes_FromStringAndSize(NULL, total)
+        p = PyBytes_AS_STRING(out)
+        for k in range(n):
+            s = PyUnicode_AsUTF8AndSize(src[k], &ns)
+            q = PyUnicode_AsUTF8AndSize(kept[k], &nk)
+            p[0] = <char>0x3A
+            p = _put_varint(p + 1, <uint64_t>inner[k])
+            if ns:
+                p = _put_bytes_field(p, 0x0A, s, ns)
+            p = _put_int_field(p, 0x10, <uint64_t>pc[k])
+            p = _put_int_field(p, 0x18, <uint64_t>pr[k])
+            bits = _float_bits(ps[k])
+            if bits:
+                p = _put_fixed32(p, 0x25, bits)
+            p = _put_int_field(p, 0x28, <uint64_t>pt[k])
+            if nk:
+                p = _put_bytes_field(p, 0x32, q, nk)
+        return out
+    finally:
+        free(inner)
+
+
+cdef list _str_list(str name, object xs):
+    cdef list out = xs if type(xs) is list else list(xs)
+    for k, x in enumerate(out):
+        if type(x) is not str:
+            raise TypeError(f"{name}[{k}] is a {type(x).__name__}, not str")
+    return out

@@ -60,6 +60,9 @@ complement, 10 bytes). Field numbers are those of context_service.proto:
 * ``encode_section``: one ``sections`` entry (field 1) of ``BuildContextResponse``: the tag, the
   length, then the ``Section``: kind (1), each item (2) as its body followed by its score (3,
   float32, rounded to nearest, left out when its bits are all zero), tokens (3).
+* ``encode_dropped``: ``dropped`` entries (field 7) of ``BuildContextResponse``, each a
+  ``DroppedItem``: source (1), category (2), reason (3), score (4, float32 as above), tokens (5),
+  kept_source (6).
 """
 
 from __future__ import annotations
@@ -441,6 +444,15 @@ def _str_field(number: int, value: str) -> bytes:
     return _len_field(number, value.encode("utf-8")) if value else b""
 
 
+def _float_field(number: int, value: float) -> bytes:
+    """A float32 field: rounded to nearest, left out when its bits are all zero."""
+    try:
+        packed = struct.pack("<f", value)
+    except OverflowError:  # beyond float32: C's cast gives infinity, so does this
+        packed = struct.pack("<f", math.copysign(math.inf, value))
+    return _varint(number << 3 | 5) + packed if packed != bytes(4) else b""
+
+
 def encode_item(source: str, category: int, tokens: int, text: str, role: int, timestamp_ms: int,
                 source_message_ids: Sequence[str]) -> bytes:
     """Wire bytes of a ContextItem without its score (see "Wire encoding" above)."""
@@ -459,11 +471,7 @@ def encode_section(kind: int, bodies: Sequence[bytes], scores: Any, tokens: int)
     score_list = _array("scores", scores, np.float64, _FLOAT_KINDS, len(bodies)).tolist()
     parts = [_int_field(1, kind)]
     for body, score in zip(bodies, score_list, strict=True):
-        try:
-            packed = struct.pack("<f", score)
-        except OverflowError:  # beyond float32: C's cast gives infinity, so does this
-            packed = struct.pack("<f", math.copysign(math.inf, score))
-        parts.append(_len_field(2, bytes(body) + (b"\x1d" + packed if packed != bytes(4) else b"")))
+        parts.append(_len_field(2, bytes(body) + _float_field(3, score)))
     parts.append(_int_field(3, tokens))
     return _len_field(1, b"".join(parts))
 
@@ -552,3 +560,27 @@ def fused_top_k(dense: Any, lexical: Any, prior: Any, alive: Any, w: float, half
     top = scored[:max(k, 0)]
     return (np.array([i for _, i in top], np.int64), np.array([-f for f, _ in top], np.float32),
             np.array([lex[i] for _, i in top], np.float32))
+
+
+def _strs(name: str, xs: Sequence[str]) -> list[str]:
+    out = list(xs)
+    for k, x in enumerate(out):
+        if type(x) is not str:
+            raise TypeError(f"{name}[{k}] is a {type(x).__name__}, not str")
+    return out
+
+
+def encode_dropped(sources: Sequence[str], categories: Any, reasons: Any, scores: Any, tokens: Any,
+                   kept_sources: Sequence[str]) -> bytes:
+    """Wire bytes of BuildContextResponse.dropped entries, one per index (see "Wire encoding")."""
+    src, kept = _strs("sources", sources), _strs("kept_sources", kept_sources)
+    n = len(src)
+    if len(kept) != n:
+        raise ValueError(f"kept_sources must have length {n}, got {len(kept)}")
+    cat = _array("categories", categories, np.int64, _INT_KINDS, n).tolist()
+    rea = _array("reasons", reasons, np.int64, _INT_KINDS, n).tolist()
+    tok = _array("tokens", tokens, np.int64, _INT_KINDS, n).tolist()
+    sc = _array("scores", scores, np.float64, _FLOAT_KINDS, n).tolist()
+    return b"".join(_len_field(7, b"".join([_str_field(1, src[k]), _int_field(2, cat[k]), _int_field(3, rea[k]),
+                                            _float_field(4, sc[k]), _int_field(5, tok[k]), _str_field(6, kept[k])]))
+                    for k in range(n))

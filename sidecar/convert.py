@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import fastpath
 from sidecar.api import context_service_pb2 as pb
 from sidecar.assembly.budget import BUDGET_FIELDS, DEFAULT_BUDGET, Budget
 from sidecar.assembly.builder import BuildRequest, ToolSpec
@@ -100,9 +101,9 @@ def build_request(request) -> BuildRequest:
 
 
 def build_response_bytes(result, render_mode: int) -> bytes:
-    """The serialised BuildContextResponse: its small fields through protobuf, then the sections,
-    already wire bytes (fastpath.encode_section). Concatenated messages merge, so this is exactly
-    the response protobuf would have written, field order aside."""
+    """The serialised BuildContextResponse: its small fields through protobuf, then the sections
+    and the dropped list as wire bytes (fastpath.encode_section, encode_dropped). Concatenated
+    messages merge, so this is exactly the response protobuf would have written, field order aside."""
     resp = pb.BuildContextResponse(
         hard_zone_tokens=result.hard_zone_tokens, soft_zone_tokens=result.soft_zone_tokens,
         total_tokens=result.total_tokens, total_budget=result.total_budget,
@@ -112,10 +113,6 @@ def build_response_bytes(result, render_mode: int) -> bytes:
     for u in result.usage:
         resp.usage.add(category=u.category, budget=u.budget, used=u.used, candidates=u.candidates,
                        selected=u.selected, flowed_in=u.flowed_in)
-    add_dropped = resp.dropped.add
-    for d in result.dropped:
-        add_dropped(source=d.source, category=d.category, reason=d.reason, score=d.score, tokens=d.tokens,
-                    kept_source=d.kept_source)
     for reason, count in sorted(result.drop_counts.items()):
         resp.dropped_counts.add(reason=reason, count=count)
     if result.debug:
@@ -126,7 +123,16 @@ def build_response_bytes(result, render_mode: int) -> bytes:
     elif render_mode == pb.RENDER_MODE_CHAT:
         for role, content in render_chat(result):
             resp.chat_messages.add(role=role, content=content)
-    return resp.SerializeToString() + b"".join([p.wire() for p in result.packed if p.bodies])
+    return resp.SerializeToString() + b"".join([p.wire() for p in result.packed if p.bodies]) + _dropped_bytes(result.dropped)
+
+
+def _dropped_bytes(dropped) -> bytes:
+    """The dropped list as wire bytes (a protobuf message per entry costs more than choosing them)."""
+    if not dropped:
+        return b""
+    return fastpath.encode_dropped([d.source for d in dropped], [d.category for d in dropped],
+                                   [d.reason for d in dropped], [d.score for d in dropped],
+                                   [d.tokens for d in dropped], [d.kept_source for d in dropped])
 
 
 def build_response(result, render_mode: int) -> pb.BuildContextResponse:

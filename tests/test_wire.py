@@ -47,6 +47,24 @@ def test_section_bytes_match_reference_and_parse_as_protobuf(entries, kind, toke
     assert got.SerializeToString(deterministic=True) == expected.SerializeToString(deterministic=True)
 
 
+dropped_st = st.fixed_dictionaries({
+    "source": st.text(max_size=40), "category": st.integers(0, 6) | int32, "reason": st.integers(0, 8) | int32,
+    "score": scores_st, "tokens": int32, "kept_source": st.text(max_size=40),
+})
+
+
+@FAST
+@given(st.lists(dropped_st, max_size=12))
+def test_dropped_bytes_match_reference_and_protobuf(entries):
+    columns = {f: [e[f] for e in entries] for f in ("source", "category", "reason", "score", "tokens", "kept_source")}
+    args = (columns["source"], np.array(columns["category"], np.int64), np.array(columns["reason"], np.int64),
+            np.array(columns["score"], np.float64), np.array(columns["tokens"], np.int64), columns["kept_source"])
+    wire = fastpath.encode_dropped(*args)
+    assert wire == ref.encode_dropped(*args)
+    expected = pb.BuildContextResponse(dropped=[pb.DroppedItem(**e) for e in entries])
+    # Field order and float32 rounding as protobuf's own (bytes, so -0.0 vs 0.0 counts too).
+    assert wire == expected.SerializeToString()
+
 def test_sections_concatenate_after_the_other_fields():
     """The response is its small fields serialised by protobuf, then the sections' bytes."""
     head = pb.BuildContextResponse(total_tokens=7, stable_prefix_hash="abc").SerializeToString()
@@ -64,5 +82,9 @@ def test_bad_input_is_refused(impl):
         impl.encode_section(1, [b"", b""], [1.0], 0)
     with pytest.raises(TypeError):
         impl.encode_item("s", 1, 1, "t", 0, 0, [3])
+    with pytest.raises(ValueError, match="kept_sources must have length 1"):
+        impl.encode_dropped(["s"], [1], [1], [0.5], [3], [])
+    with pytest.raises(TypeError, match=r"sources\[0\]"):
+        impl.encode_dropped([b"s"], [1], [1], [0.5], [3], [""])
     assert math.isinf(pb.BuildContextResponse.FromString(
         impl.encode_section(1, [b""], [1e300], 0)).sections[0].items[0].score)
