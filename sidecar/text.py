@@ -38,6 +38,24 @@ def term_set(text: str) -> frozenset[str]:
     return frozenset(terms(text))
 
 
+# One BuildContext tokenises its query in several sources (memories, knowledge, graph): once is
+# enough. Bounded like the builder's key cache; long texts are not kept.
+_QUERY_TERMS: dict[str, tuple[str, ...]] = {}
+_QUERY_TERMS_MAX, _QUERY_MAX_CHARS = 4096, 2048
+
+
+def query_terms(query: str) -> tuple[str, ...]:
+    """terms() of a query, memoised."""
+    cached = _QUERY_TERMS.get(query)
+    if cached is None:
+        cached = tuple(terms(query))
+        if len(query) <= _QUERY_MAX_CHARS:
+            if len(_QUERY_TERMS) >= _QUERY_TERMS_MAX:
+                _QUERY_TERMS.clear()
+            _QUERY_TERMS[query] = cached
+    return cached
+
+
 NO_TERMS = np.zeros(0, np.uint64)
 
 

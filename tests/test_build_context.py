@@ -182,3 +182,20 @@ def test_cached_dedup_keys_equal_the_computed_ones(texts):
     got = builder._text_keys([*texts, "never seen"])  # full: cleared, then refilled
     assert np.array_equal(got[0][:-1], want[0]) and np.array_equal(got[1][:-1], want[1])
     assert len(builder._TEXT_KEYS) <= len(texts) + 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(max_size=60) | st.sampled_from(["payment-api 5xx since the deploy", "重启 生产 实例", "x" * 3000]),
+                min_size=1, max_size=8))
+def test_memoised_query_terms_equal_the_computed_ones(queries):
+    """Sources share one tokenisation of the query: what the memo answers is terms() itself, cold,
+    warm, after it is cleared for being full, and for a query too long to keep."""
+    from sidecar import text
+
+    text._QUERY_TERMS.clear()
+    for _ in range(2):
+        assert [text.query_terms(q) for q in queries] == [tuple(text.terms(q)) for q in queries]
+    assert all(len(q) <= text._QUERY_MAX_CHARS for q in text._QUERY_TERMS)
+    text._QUERY_TERMS.update({f"filler{i}": () for i in range(text._QUERY_TERMS_MAX - len(text._QUERY_TERMS))})
+    assert text.query_terms("never seen: restarts") == ("never", "seen", "restart")  # full: cleared, then kept
+    assert list(text._QUERY_TERMS) == ["never seen: restarts"]

@@ -28,7 +28,7 @@ from sidecar.domain import Category, Role, Scope
 from sidecar.errors import FailedPrecondition, InvalidArgument
 from sidecar.services.sessions import SessionService
 from sidecar.store.cache import SessionView
-from sidecar.text import term_set
+from sidecar.text import query_terms
 from sidecar.tokens import count_tokens_cached
 
 # Proto numbers (kept here so the assembly does not import the generated stubs).
@@ -213,7 +213,7 @@ class ContextBuilder:
         clock.lap("hard_zone")
 
         inp = BuildInput(scope=scope, view=view, run_id=req.run_id, query=req.query,
-                         query_terms=term_set(req.query), query_embedding=req.query_embedding, roles=req.roles,
+                         query_terms=frozenset(query_terms(req.query)), query_embedding=req.query_embedding, roles=req.roles,
                          budget=budget, now_ms=now_ms())
         batches = [b for src in self.sources for b in src.candidates(inp)]
         for resolve in self.resolvers:

@@ -15,7 +15,7 @@ import numpy as np
 
 from sidecar.domain import KnowledgeChunk
 from sidecar.index.hybrid import Hit, HybridIndex
-from sidecar.text import NO_TERMS, term_ids, terms
+from sidecar.text import NO_TERMS, query_terms, term_ids, terms
 
 log = logging.getLogger("sidecar.knowledge")
 
@@ -75,7 +75,7 @@ class TenantKnowledge:
         return n
 
     def search(self, vector: np.ndarray | None, query: str, roles: Sequence[str], k: int) -> list[tuple[Hit, ChunkEntry]]:
-        qterms = terms(query)
+        qterms = query_terms(query)
         with self.lock:
             hits: list[tuple[Hit, ChunkEntry]] = []
             for acl, group in self.groups.items():

@@ -12,7 +12,7 @@ from sidecar.domain import Category
 from sidecar.knowledge.graph import render_path
 from sidecar.knowledge.index import ChunkEntry, TenantKnowledge
 from sidecar.knowledge.service import KnowledgeService
-from sidecar.text import NO_TERMS, term_ids, terms
+from sidecar.text import NO_TERMS, query_terms, term_ids, terms
 from sidecar.tokens import count_tokens_cached
 
 TOP_K = 8
@@ -95,7 +95,7 @@ class KnowledgeSource:
         """A compact neighbourhood of the entities named in the query or the confirmed state."""
         if not len(graph):
             return
-        named = set(terms(inp.query)) | {t.strip().lower() for t in inp.query.split()}
+        named = set(query_terms(inp.query)) | {t.strip().lower() for t in inp.query.split()}
         for fact in inp.view.confirmed.values():
             named.add(fact.value.strip().lower())
         seeds = [e for e in sorted(named) if graph.has_entity(e)]

@@ -10,7 +10,7 @@ import numpy as np
 
 from sidecar.domain import Authority, Memory, MemoryType, Scope
 from sidecar.index.hybrid import HybridIndex
-from sidecar.text import term_ids, terms
+from sidecar.text import query_terms, term_ids, terms
 
 # A user-stated memory outranks an inferred one at equal relevance.
 AUTHORITY_BONUS = {Authority.USER_STATED: 0.05, Authority.TOOL_VERIFIED: 0.03, Authority.INFERRED: 0.0}
@@ -87,7 +87,7 @@ class UserMemories:
         # The index ranks with the authority bonus as each row's prior; over-fetch only when type or
         # expiry filters run after it.
         filtered = bool(wanted) or not include_expired
-        hits = self.index.search(vector, terms(query), k * 2 + 4 if filtered else k)
+        hits = self.index.search(vector, query_terms(query), k * 2 + 4 if filtered else k)
         out = []
         for h in hits:
             m = self.active.get(h.key)
