@@ -452,3 +452,22 @@ def test_recency_baseline_skips_what_does_not_fit():
     assert recall.recency_ids(conv, 0) == set()
     newest = recall.recency_ids(conv, 25)
     assert "D2:2" in newest and "D1:1" not in newest
+
+
+def test_a_turn_in_the_first_person_outranks_one_about_the_listener():
+    from sidecar.memory.episodic import Ranking, voice
+
+    assert voice("I started pottery, my kids love it.") == 1
+    assert voice("You started pottery? Your kids must love it!") == -1
+    assert voice("Pottery is relaxing.") == 0 and voice("I hear you.") == 0
+    # Rows 0 and 2 share their words and mirrored neighbours: only whom they speak of differs.
+    state = _index([(MAY_8, [("Ann", "I love my pottery class."), ("Bob", "Nice."),
+                             ("Bob", "You love your pottery class.")])])
+    r = Ranking(opener_boost=0.0, self_boost=0.2, other_penalty=0.2)
+    score = state.rank("Who loves the pottery class?", None, "", r)
+    assert score[0] / score[2] == pytest.approx(1.2 / 0.8)
+    flat = state.rank("Who loves the pottery class?", None, "", Ranking(opener_boost=0.0, self_boost=0.0,
+                                                                          other_penalty=0.0))
+    assert flat[0] == pytest.approx(flat[2])
+    # A compacted index keeps each turn's voice.
+    assert state.compacted(1).voice[:2].tolist() == [0, -1]
