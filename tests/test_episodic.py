@@ -471,3 +471,22 @@ def test_a_turn_in_the_first_person_outranks_one_about_the_listener():
     assert flat[0] == pytest.approx(flat[2])
     # A compacted index keeps each turn's voice.
     assert state.compacted(1).voice[:2].tolist() == [0, -1]
+
+
+def test_a_turn_naming_someone_or_something_is_boosted():
+    from sidecar.memory.episodic import Ranking, capitalised
+
+    assert capitalised('Hey Mel! We read "Charlotte\'s Web" in Chicago. Wow. Ok') == ("mel", "charlotte", "web",
+                                                                                     "chicago")
+    # Rows 0 and 2 share their words and mirrored neighbours; "Mel" (Melanie's nickname) and a speaker's
+    # name are no proper nouns, "Laura" is.
+    state = _index([(MAY_8, [("Caroline", "Hey Mel, the shelter thanked Laura."), ("Melanie", "Nice."),
+                             ("Melanie", "Hey Caroline, the shelter thanked laura.")])])
+    assert state.proper[:3].tolist() == [True, False, False]
+    r = Ranking(opener_boost=0.0, self_boost=0.0, other_penalty=0.0, proper_boost=0.15)
+    score = state.rank("Who did the shelter thank?", None, "", r)
+    assert score[0] / score[2] == pytest.approx(1.15)
+    # A name is known as a speaker's once they speak: a turn before that is marked again.
+    state.add([Message("late", f"s0-{MAY_8}", 3, Role.USER, "Hi all.", "", "", MAY_8 + 3000, 0, 0, 0,
+                       speaker="Laura")], None, True)
+    assert not state.proper[0] and state.compacted(1).proper[:2].tolist() == [False, False]

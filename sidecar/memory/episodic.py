@@ -84,6 +84,9 @@ class Ranking:
     # questions ask about are (LoCoMo 1-5: 37 % of such turns are evidence, 8 % of "you" turns).
     self_boost: float = 0.2  # a turn about its speaker: * (1 + self_boost)
     other_penalty: float = 0.2  # a turn about the listener: * (1 - other_penalty)
+    # A turn naming someone or something (a capitalised word inside a sentence, not a speaker's name)
+    # holds a specific fact (LoCoMo 1-5: 65 % of such turns are evidence, 21 % of the rest).
+    proper_boost: float = 0.15
     diversity: float = 0.0  # the j-th best turn of a session is divided by 1 + diversity * j
     opener_boost: float = 0.4  # the k-th turn of a session: * (1 + opener_boost * opener_decay ** k)
     opener_decay: float = 0.3
@@ -97,9 +100,9 @@ DEFAULT_RANKING = Ranking()
 # 0.2 -> 0.5 added +1.0 / +0.7 points at 2k / 4k there and +1.1 / +1.1 on conversations 6-10;
 # 0.4 and 0.6 were lower, 0.7 and 1.0 (dense alone) much lower.
 # Its neighbour decay and association expansion stay as they were measured with it (not re-tuned).
-# The voice prior was measured with the hashed embedder only, so it stays off here.
+# The voice and proper-noun priors were measured with the hashed embedder only, so they stay off here.
 MODEL_RANKING = replace(DEFAULT_RANKING, dense_weight=0.5, prev_decay=0.7, next_decay=0.7, assoc_terms=0,
-                        self_boost=0.0, other_penalty=0.0)
+                        self_boost=0.0, other_penalty=0.0, proper_boost=0.0)
 
 # ---------------------------------------------------------------------------------------- terms
 _WORD_RE = re.compile(r"[0-9a-z]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
@@ -301,6 +304,15 @@ def voice(text: str) -> int:
     return (own > other) - (other > own)
 
 
+# A capitalised word that does not open a sentence: a name ("Laura", "Chicago", "Charlotte's Web").
+_CAPITAL_RE = re.compile(r"(?<![.!?]\s)(?<![.!?]\s\")(?<!^)\b[A-Z][a-z]+")
+
+
+def capitalised(text: str) -> tuple[str, ...]:
+    """The lowercased words a turn capitalises inside its sentences."""
+    return tuple(dict.fromkeys(w.lower() for w in _CAPITAL_RE.findall(text)))
+
+
 def date_label(timestamp_ms: int) -> str:
     day = dt.datetime.fromtimestamp(timestamp_ms / 1000, dt.UTC)
     return f"[{day.day} {day.strftime('%B')} {day.year}]"
@@ -321,7 +333,7 @@ def render_turn(speaker: str, role: Role, text: str, timestamp_ms: int, *, dated
 # ---------------------------------------------------------------------------------------- index
 # Per-row arrays of _UserIndex that a compaction copies as they are (session_of and nbr are renumbered).
 _ROW_ARRAYS = ("vectors", "tokens", "timestamps", "seqs", "roles", "speaker_of", "year_month", "day_of", "position",
-               "doc_len", "voice", "exact", "simhash")
+               "doc_len", "voice", "proper", "exact", "simhash")
 
 
 @dataclass
@@ -335,6 +347,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
     texts: list[str] = field(default_factory=list)
     row_terms: list[tuple[str, ...]] = field(default_factory=list)  # distinct terms of each turn (for feedback)
     row_tfs: list[tuple[int, ...]] = field(default_factory=list)  # their counts: postings rebuild without re-parsing
+    row_caps: list[tuple[str, ...]] = field(default_factory=list)  # words each turn capitalises (for `proper`)
     known: set[str] = field(default_factory=set)
     session_rows: dict[str, list[int]] = field(default_factory=dict)
     speakers: dict[str, int] = field(default_factory=dict)  # lowercased name -> speaker id
@@ -367,6 +380,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         self.position = np.zeros(self.cap, np.int32)  # the turn's index in its session
         self.doc_len = np.zeros(self.cap, np.float32)
         self.voice = np.zeros(self.cap, np.int8)  # +1 the turn speaks of the speaker, -1 of the listener
+        self.proper = np.zeros(self.cap, bool)  # the turn names someone or something other than a speaker
         self.exact = np.zeros(self.cap, np.uint64)
         self.simhash = np.zeros(self.cap, np.uint64)
         # Row of the k-th neighbour in the same session (-1 none): columns -W..-1, +1..+W.
@@ -401,6 +415,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
                                    else fastpath.hash_embed(body, self.dim))
         self.exact[start:end], self.simhash[start:end] = fastpath.text_keys(texts)
         session_ids = {sid: i for i, sid in enumerate(self.session_rows)}
+        speakers = len(self.speakers)
         for j, (m, text) in enumerate(zip(fresh, texts, strict=True)):
             row = start + j
             self.ids.append(m.message_id)
@@ -443,8 +458,16 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             self._post(row)
             self.doc_len[row] = len(words)
             self.voice[row] = voice(m.text)
+            self.row_caps.append(capitalised(m.text))
             self.total_len += len(words)
+        # A new speaker's name (or a nickname it starts with: "Mel") is no proper noun in any turn.
+        self._mark_proper(0 if len(self.speakers) > speakers else start)
         return len(fresh)
+
+    def _mark_proper(self, first: int) -> None:
+        names = [w for name in self.speakers for w in name.split()]
+        for row in range(first, len(self.ids)):
+            self.proper[row] = any(not any(name.startswith(c) for name in names) for c in self.row_caps[row])
 
     def item(self, row: int) -> tuple[str, bytes]:
         held = self.items.get(row)
@@ -492,7 +515,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         nbr = self.nbr[start:len(self)] - start
         out.nbr[:n] = np.where(nbr < 0, -1, nbr)  # dropped rows (and "none") become -1
         out.ids, out.sessions, out.texts = self.ids[start:], self.sessions[start:], self.texts[start:]
-        out.row_terms, out.row_tfs = self.row_terms[start:], self.row_tfs[start:]
+        out.row_terms, out.row_tfs, out.row_caps = self.row_terms[start:], self.row_tfs[start:], self.row_caps[start:]
         out.known = set(out.ids)
         out.speakers = dict(self.speakers)
         session_ids: dict[str, int] = {}
@@ -682,6 +705,8 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         if r.self_boost or r.other_penalty:
             v = self.voice[:n]
             mult *= np.where(v > 0, 1.0 + r.self_boost, np.where(v < 0, 1.0 - r.other_penalty, 1.0))
+        if r.proper_boost:
+            mult *= np.where(self.proper[:n], 1.0 + r.proper_boost, 1.0)
         score = score * mult
         if r.spread > 0 and n:
             nbr = self.nbr[:n, w - 1:w + 1]  # previous and next turn
