@@ -265,6 +265,10 @@ def test_stemming():
     assert stem("onion") == "onion" and stem("region") == "region"
     assert stem("mentorship") == stem("mentoring") == "mentor" and stem("artist") == stem("art")
     assert stem("free") == "free"
+    # "-eer" is no agent "-er": "career" is not "car", and "volunteering" meets "volunteer".
+    assert stem("career") == stem("careers") == "career" and stem("car") != stem("career")
+    assert stem("volunteer") == stem("volunteers") == stem("volunteering") == stem("volunteered")
+    assert stem("painter") == "paint" and stem("engineers") == "engineer"
 
 
 def test_query_dates_and_days():

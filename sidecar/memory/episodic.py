@@ -151,6 +151,8 @@ def stem(word: str) -> str:
                 continue  # "adoption" -> "adopt", "discussion" -> "discuss"; not "onion", "region"
             if suffix == "ly" and base.endswith("i"):
                 continue  # "family", "daily": not an adverb
+            if suffix in ("er", "ers") and base.endswith("e"):
+                continue  # "career", "volunteers": not "car", "volunt" (so "volunteering" meets "volunteer")
             if suffix in ("es",) and not base.endswith(("sh", "ch", "x", "s", "z")):
                 base = word[:-1]  # "games" -> "game", "wishes" -> "wish"
             if suffix in ("ing", "ed", "er", "ers") and len(base) > 3 and base[-1] == base[-2] and base[-1] in _DOUBLE:
