@@ -670,11 +670,13 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         score = score.astype(np.float64)
         mult = np.ones(n)
         if named and r.speaker_boost and len(named) < len(self.speakers):
-            mult *= np.where(np.isin(self.speaker_of[:n], named), 1.0 + r.speaker_boost, 1.0)
+            flag = np.zeros(len(self.speakers) + 1, bool)  # by speaker id (np.isin sorts); -1 hits the last, False
+            flag[named] = True
+            mult *= np.where(flag[self.speaker_of[:n]], 1.0 + r.speaker_boost, 1.0)
         months, years = query_dates(query)
         if months or years:
             ym = self.year_month[:n]
-            boost = r.year_boost * np.isin(ym // 100, list(years)) if years else np.zeros(n)
+            boost = r.year_boost * np.logical_or.reduce([ym // 100 == y for y in years]) if years else np.zeros(n)
             for year, month in months:
                 hit = (ym % 100 == month) & ((ym // 100 == year) if year else True)
                 boost = np.maximum(boost, r.date_boost * hit)
