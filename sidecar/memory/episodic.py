@@ -28,7 +28,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import lru_cache, partial
 
 import numpy as np
 
@@ -133,6 +133,7 @@ _IRREGULAR = {
 _STEM_E = True  # drop a final "e" after the rules: "hike"/"hiking", "dance"/"dancer" meet
 
 
+@lru_cache(maxsize=1 << 16)  # a user's words repeat: turns at ingest, questions and names per call
 def stem(word: str) -> str:
     """A compact English stemmer: "painting"/"painted"/"paints" -> "paint", "hobbies" -> "hobby",
     "hike"/"hiking"/"hiked" -> "hik", "went" -> "go"."""
@@ -313,6 +314,17 @@ _CAPITAL_RE = re.compile(r"(?<![.!?]\s)(?<![.!?]\s\")(?<!^)\b[A-Z][a-z]+")
 def capitalised(text: str) -> tuple[str, ...]:
     """The lowercased words a turn capitalises inside its sentences."""
     return tuple(dict.fromkeys(w.lower() for w in _CAPITAL_RE.findall(text)))
+
+
+@lru_cache(maxsize=64)
+def _decay(prev_decay: float, next_decay: float, neighbours: int, window: int) -> np.ndarray:
+    """Weights of the neighbours -window..-1, +1..+window: prev_decay ** k and next_decay ** k up to
+    `neighbours` away, 0 beyond. Read-only: it is shared by every call with these knobs."""
+    decay = np.array([prev_decay ** k for k in range(window, 0, -1)] + [next_decay ** k for k in range(1, window + 1)],
+                     np.float32)
+    decay[np.abs(np.r_[np.arange(-window, 0), np.arange(1, window + 1)]) > neighbours] = 0.0
+    decay.flags.writeable = False
+    return decay
 
 
 def date_label(timestamp_ms: int) -> str:
@@ -625,9 +637,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         """Fused score per row (-inf for rows of the excluded session)."""
         n = len(self.ids)
         w = self.window
-        decay = np.array([r.prev_decay ** k for k in range(w, 0, -1)] +
-                         [r.next_decay ** k for k in range(1, w + 1)], np.float32)
-        decay[np.abs(np.r_[np.arange(-w, 0), np.arange(1, w + 1)]) > r.neighbours] = 0.0
+        decay = _decay(r.prev_decay, r.next_decay, r.neighbours, w)
         q_terms = terms(query, stemmed=r.stem)
         words = {w.split("'")[0] for w in _WORD_RE.findall(query.lower())}  # "melanie's" names melanie
         named = [sid for name, sid in self.speakers.items() if name in words or name.split(" ")[0] in words]
