@@ -90,7 +90,7 @@ def test_old_turn_is_recalled_in_a_new_session(running, user):
     assert hit.text == "Ann: I adopted a tortoise called Shelly last spring."
     assert list(hit.source_message_ids) == [ids[0]]
     from sidecar.tokens import count_tokens
-    assert hit.tokens == count_tokens(hit.text)
+    assert hit.tokens == count_tokens(hit.text) + 1  # and the newline that ends its line of the prompt
     # The date is one header item per day, rendered just before that day's turns.
     memories = [it for it in items if it.category == pb.CATEGORY_MEMORIES]
     header = next(it for it in memories if it.source == "date:20230508")
@@ -98,6 +98,29 @@ def test_old_turn_is_recalled_in_a_new_session(running, user):
     assert memories.index(header) < memories.index(hit)
     assert sum(it.source.startswith("date:") for it in memories) == 1
 
+
+def test_recalled_turns_render_within_their_budget(running, user):
+    """The rendered prompt of a memories section filled with recalled turns and day headers fits the
+    budget: each line counts the newline that separates it from the next."""
+    from sidecar.tokens import count_tokens
+
+    words = "tortoise bakery shift guitar lake concert garden recipe".split()
+    for day in range(6):
+        sid = running.stub.CreateSession(pb.CreateSessionRequest(scope=user)).session_id
+        running.stub.AppendMessages(pb.AppendMessagesRequest(scope=user, session_id=sid, messages=[
+            pb.NewMessage(role=pb.ROLE_USER, speaker="Ann", text=f"My {words[k % 8]} and the {words[(k + day) % 8]} again",
+                          client_timestamp_ms=1_683_552_960_000 + day * 86_400_000 + k) for k in range(20)]))
+    new_sid, _ = session(running.stub, user, [])
+    for memories in (60, 150, 400):
+        resp = running.stub.BuildContext(pb.BuildContextRequest(
+            scope=user, session_id=new_sid, query="my tortoise and the bakery", render=pb.RENDER_MODE_TEXT,
+            budget=pb.Budget(max_input=memories + 200, reserved_for_output=0, memories=memories, recent_messages=0,
+                             flow_unused=False)))
+        packed = [it for s in resp.sections if s.kind == pb.SECTION_KIND_MEMORIES for it in s.items]
+        assert len(packed) > 3 and any(it.source.startswith("date:") for it in packed)
+        section = "\n".join(it.text for it in packed)
+        assert count_tokens(section) <= sum(it.tokens for it in packed) <= memories
+        assert count_tokens(resp.rendered_text) <= resp.total_budget
 
 def test_users_are_isolated(running, user):
     other = pb.Scope(tenant_id=user.tenant_id, user_id=user.user_id + "-other")

@@ -36,6 +36,7 @@ import fastpath
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, ItemMeta, Section, SoftCategory
 from sidecar.domain import Category, Message, Role, Scope
 from sidecar.index.embedders import Embedder
+from sidecar.store.cache import MESSAGE_LINE_EXTRA as LINE_EXTRA
 from sidecar.text import STOPWORDS
 from sidecar.tokens import count_many
 
@@ -422,8 +423,9 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         start = len(self.ids)
         self._grow(start + len(fresh))
         end = start + len(fresh)
-        # Counted once here, for exactly the text that is packed.
-        self.tokens[start:end] = count_many(texts)
+        # Counted once here, for exactly the text that is packed, plus the newline that separates it
+        # from the next line of the prompt (as every source counts it).
+        self.tokens[start:end] = np.asarray(count_many(texts), np.int32) + LINE_EXTRA
         body = [m.text for m in fresh]
         self.vectors[start:end] = (embedder.embed(body) if embedder is not None
                                    else fastpath.hash_embed(body, self.dim))
@@ -442,7 +444,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             if not self.dated and day not in self.day_items:
                 label = date_label(m.timestamp_ms)
                 keys = fastpath.text_keys([label])
-                self.day_items[day] = (label, count_many([label])[0], int(keys[0][0]), int(keys[1][0]))
+                self.day_items[day] = (label, count_many([label])[0] + LINE_EXTRA, int(keys[0][0]), int(keys[1][0]))
             self.seqs[row] = m.seq
             self.roles[row] = int(m.role)
             name = (m.speaker or m.role.label).lower()
