@@ -734,9 +734,9 @@ cdef Py_ssize_t _tokenize(const uint32_t* cps, Py_ssize_t n, Py_ssize_t* starts,
     return nt
 
 
-cdef list _text_list(object texts):
+cdef list _text_list(object texts, str name="texts"):
     if isinstance(texts, str):
-        raise TypeError("texts must be a sequence of str, not a single str")
+        raise TypeError(f"{name} must be a sequence of str, not a single str")
     return texts if type(texts) is list else list(texts)
 
 
@@ -1239,55 +1239,55 @@ def fused_top_k(dense, lexical, prior, alive, double w, double half, Py_ssize_t 
         k = 0
     cdef float* hf = <float*>malloc((k if k < n else n) * sizeof(float) + 1)
     cdef int64_t* hr = <int64_t*>malloc((k if k < n else n) * sizeof(int64_t) + 1)
-    if hf == NULL or hr == NULL:
+    cdef cnp.ndarray rows, fused, lex
+    cdef int64_t* prows
+    cdef float* pfused
+    cdef float* plex
+    try:
+        if hf == NULL or hr == NULL:
+            raise MemoryError()
+        with nogil:
+            for i in range(n):
+                if not pl[i] >= 0:  # also NaN
+                    bad = True
+                    break
+                if not pa[i] or k == 0:
+                    continue
+                l = pl[i] / (pl[i] + h32)
+                f = (w32 * pd[i] + omw32 * l) + pp[i]
+                if isnan(f) or isinf(f):
+                    continue
+                if size < k:  # fill, then heapify once full
+                    hf[size], hr[size] = f, i
+                    size += 1
+                    if size == k:
+                        for m in range(k // 2 - 1, -1, -1):
+                            _sift_down(hf, hr, size, m)
+                elif _ranks_before(f, i, hf[0], hr[0]):
+                    hf[0], hr[0] = f, i
+                    _sift_down(hf, hr, size, 0)
+            if not bad and size < k:
+                for m in range(size // 2 - 1, -1, -1):
+                    _sift_down(hf, hr, size, m)
+        if bad:
+            raise ValueError("lexical must be >= 0")
+        rows = _empty(size, cnp.NPY_INT64)
+        fused = _empty(size, cnp.NPY_FLOAT32)
+        lex = _empty(size, cnp.NPY_FLOAT32)
+        prows, pfused, plex = <int64_t*>_ptr(rows), <float*>_ptr(fused), <float*>_ptr(lex)
+        with nogil:
+            # Pop the heap from its last-ranked entry: the output fills from the back.
+            m = size
+            while m > 0:
+                m -= 1
+                prows[m], pfused[m] = hr[0], hf[0]
+                plex[m] = pl[hr[0]] / (pl[hr[0]] + h32)
+                hf[0], hr[0] = hf[m], hr[m]
+                _sift_down(hf, hr, m, 0)
+        return rows, fused, lex
+    finally:
         free(hf)
         free(hr)
-        raise MemoryError()
-    with nogil:
-        for i in range(n):
-            if not pl[i] >= 0:  # also NaN
-                bad = True
-                break
-            if not pa[i] or k == 0:
-                continue
-            l = pl[i] / (pl[i] + h32)
-            f = (w32 * pd[i] + omw32 * l) + pp[i]
-            if isnan(f) or isinf(f):
-                continue
-            if size < k:  # fill, then heapify once full
-                hf[size], hr[size] = f, i
-                size += 1
-                if size == k:
-                    for m in range(k // 2 - 1, -1, -1):
-                        _sift_down(hf, hr, size, m)
-            elif _ranks_before(f, i, hf[0], hr[0]):
-                hf[0], hr[0] = f, i
-                _sift_down(hf, hr, size, 0)
-        if not bad and size < k:
-            for m in range(size // 2 - 1, -1, -1):
-                _sift_down(hf, hr, size, m)
-    if bad:
-        free(hf)
-        free(hr)
-        raise ValueError("lexical must be >= 0")
-    cdef cnp.ndarray rows = _empty(size, cnp.NPY_INT64)
-    cdef cnp.ndarray fused = _empty(size, cnp.NPY_FLOAT32)
-    cdef cnp.ndarray lex = _empty(size, cnp.NPY_FLOAT32)
-    cdef int64_t* prows = <int64_t*>_ptr(rows)
-    cdef float* pfused = <float*>_ptr(fused)
-    cdef float* plex = <float*>_ptr(lex)
-    with nogil:
-        # Pop the heap from its last-ranked entry: the output fills from the back.
-        m = size
-        while m > 0:
-            m -= 1
-            prows[m], pfused[m] = hr[0], hf[0]
-            plex[m] = pl[hr[0]] / (pl[hr[0]] + h32)
-            hf[0], hr[0] = hf[m], hr[m]
-            _sift_down(hf, hr, m, 0)
-    free(hf)
-    free(hr)
-    return rows, fused, lex
 
 
 def encode_dropped(sources, categories, reasons, scores, tokens, kept_sources):
@@ -1342,8 +1342,9 @@ def encode_dropped(sources, categories, reasons, scores, tokens, kept_sources):
 
 
 cdef list _str_list(str name, object xs):
-    cdef list out = xs if type(xs) is list else list(xs)
+    """_text_list with every element checked here (encode_dropped has no per-text pass of its own)."""
+    cdef list out = _text_list(xs, name)
     for k, x in enumerate(out):
-        if type(x) is not str:
-            raise TypeError(f"{name}[{k}] is a {type(x).__name__}, not str")
+        if not isinstance(x, str):
+            raise TypeError(f"{name}[{k}] must be str, got {type(x).__name__}")
     return out

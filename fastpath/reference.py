@@ -143,13 +143,13 @@ def _check_permutation(order: list[int], n: int) -> None:
         seen[i] = True
 
 
-def _texts(texts: Sequence[str]) -> list[str]:
+def _texts(texts: Sequence[str], name: str = "texts") -> list[str]:
     if isinstance(texts, str):
-        raise TypeError("texts must be a sequence of str, not a single str")
+        raise TypeError(f"{name} must be a sequence of str, not a single str")
     out = list(texts)
     for k, t in enumerate(out):
         if not isinstance(t, str):
-            raise TypeError(f"texts[{k}] must be str, got {type(t).__name__}")
+            raise TypeError(f"{name}[{k}] must be str, got {type(t).__name__}")
     return out
 
 
@@ -562,18 +562,11 @@ def fused_top_k(dense: Any, lexical: Any, prior: Any, alive: Any, w: float, half
             np.array([lex[i] for _, i in top], np.float32))
 
 
-def _strs(name: str, xs: Sequence[str]) -> list[str]:
-    out = list(xs)
-    for k, x in enumerate(out):
-        if type(x) is not str:
-            raise TypeError(f"{name}[{k}] is a {type(x).__name__}, not str")
-    return out
-
 
 def encode_dropped(sources: Sequence[str], categories: Any, reasons: Any, scores: Any, tokens: Any,
                    kept_sources: Sequence[str]) -> bytes:
     """Wire bytes of BuildContextResponse.dropped entries, one per index (see "Wire encoding")."""
-    src, kept = _strs("sources", sources), _strs("kept_sources", kept_sources)
+    src, kept = _texts(sources, "sources"), _texts(kept_sources, "kept_sources")
     n = len(src)
     if len(kept) != n:
         raise ValueError(f"kept_sources must have length {n}, got {len(kept)}")
