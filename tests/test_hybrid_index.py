@@ -8,6 +8,7 @@ import math
 import pickle
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,10 +51,13 @@ def unit(seed: int) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
+@pytest.mark.parametrize("hnsw_threshold", [4096, 1], ids=["exact", "hnsw"])
 @settings(max_examples=300, deadline=None)
-@given(st.lists(op, min_size=1, max_size=40))
-def test_index_matches_the_reference_after_any_history(ops):
-    index = HybridIndex(DIM, dense_weight=0.6)
+@given(ops=st.lists(op, min_size=1, max_size=40))
+def test_index_matches_the_reference_after_any_history(hnsw_threshold, ops):
+    """Both search paths: the exact scan, and the graph index with a lexical top-k beside it (with
+    at most five rows, the graph's k nearest are all rows, so every live row must come back)."""
+    index = HybridIndex(DIM, dense_weight=0.6, hnsw_threshold=hnsw_threshold)
     rows: dict[str, tuple[np.ndarray, list[str], float]] = {}
     for o in ops:
         if o[0] == "add":
@@ -107,3 +111,36 @@ def test_an_index_pickled_before_priors_loads_with_none():
     old = HybridIndex.__new__(HybridIndex)
     old.__setstate__(state)
     assert [h.key for h in old.search(unit(1), ["db"], 3)] == ["a"]
+
+
+def test_graph_search_fuses_the_dense_and_lexical_candidates():
+    """Above the threshold a search fuses two candidate lists: the graph index's 2k nearest rows and
+    the 2k best lexical rows (ties by row). On 2,000 rows, many of them lexical matches nowhere near
+    the query's vector, the top k equal that rule applied to the exact scan's scores of every row
+    (some rows removed, some with a prior)."""
+    rng = np.random.default_rng(3)
+    vocab = [f"w{i}" for i in range(60)]
+    graph, exact = HybridIndex(DIM, hnsw_threshold=100), HybridIndex(DIM, hnsw_threshold=10**6)
+    for i in range(2000):
+        words = [vocab[min(int(rng.zipf(1.3)) - 1, 59)] for _ in range(int(rng.integers(1, 8)))]
+        prior = 0.05 if i % 7 == 0 else 0.0
+        for index in (graph, exact):
+            index.add(f"k{i}", unit(i), words, prior)
+    for i in range(0, 2000, 9):
+        graph.remove(f"k{i}")
+        exact.remove(f"k{i}")
+    assert graph._hnsw is not None and exact._hnsw is None
+    k, lexical_only = 10, 0
+    for q in range(60):
+        vector = unit(10_000 + q)
+        terms = [str(t) for t in rng.choice(vocab[3:], size=int(rng.integers(0, 3)), replace=False)]
+        every = exact.search(vector, terms, 2000)  # every live row with its dense and lexical score
+        row = {h.key: int(h.key[1:]) for h in every}
+        nearest = {h.key for h in sorted(every, key=lambda h: -h.dense)[:2 * k]}
+        lexical = {h.key for h in sorted(every, key=lambda h: (-h.lexical, row[h.key]))[:2 * k] if h.lexical > 0}
+        want = sorted((h for h in every if h.key in nearest | lexical), key=lambda h: (-h.score, row[h.key]))[:k]
+        got = graph.search(vector, terms, k)
+        assert [h.key for h in got] == [h.key for h in want], (q, terms)
+        assert np.allclose([h.score for h in got], [h.score for h in want], atol=1e-6)
+        lexical_only += sum(h.key not in nearest for h in want)
+    assert lexical_only > 20  # the lexical side really had to find rows the dense side did not

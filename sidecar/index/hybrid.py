@@ -204,25 +204,28 @@ class HybridIndex:
             # temporaries of n rows otherwise).
             top, fused, lex = fastpath.fused_top_k(dense_of, raw, self._prior[:n_rows], alive, w, LEXICAL_HALF, k)
             return _hits(self._keys, top, fused, dense_of[top], lex, self._vectors[top])
-        lexical = raw / (raw + LEXICAL_HALF)
         if not has_vector:
-            dense_rows = np.zeros(0, np.int64)
+            dense_rows: list[int] = []
         else:
             want = min(k * 2, len(self._row_of))
             self._hnsw.set_ef(max(self._ef, want))
             labels, _ = self._hnsw.knn_query(vector, k=want, num_threads=1)
-            dense_rows = labels[0].astype(np.int64)
-        lex_rows = _top_k(np.where(alive, lexical, -np.inf), k * 2)
-        lex_rows = lex_rows[lexical[lex_rows] > 0]
-        rows = np.unique(np.concatenate([dense_rows, lex_rows])) if len(dense_rows) else lex_rows
+            dense_rows = labels[0].tolist()
+        # The lexical side's best rows in one compiled pass (the fusion with no dense weight and no
+        # prior is the squashed BM25 alone), instead of squashing, masking and partitioning all n rows.
+        zeros = np.zeros(n_rows, np.float32)
+        lex_top, _, lex_sq = fastpath.fused_top_k(zeros, raw, zeros, alive, 0.0, LEXICAL_HALF, k * 2)
+        # A few dozen rows: a set beats np.unique's sort of a concatenation.
+        rows = np.array(sorted(set(dense_rows).union(lex_top[lex_sq > 0].tolist())), np.int64)
         rows = rows[alive[rows]]
         if len(rows) == 0:
             return []
-        dense = self._vectors[rows] @ vector if has_vector else np.zeros(len(rows))
-        fused = w * dense + (1 - w) * lexical[rows] + self._prior[rows]
+        picked = raw[rows]
+        lexical = picked / (picked + np.float32(LEXICAL_HALF))
+        dense = self._vectors[rows] @ vector if has_vector else np.zeros(len(rows), np.float32)
+        fused = w * dense + (1 - w) * lexical + self._prior[rows]
         order = np.argsort(-fused, kind="stable")[:k]
-        return _hits(self._keys, rows[order], fused[order], dense[order], lexical[rows[order]],
-                     self._vectors[rows[order]])
+        return _hits(self._keys, rows[order], fused[order], dense[order], lexical[order], self._vectors[rows[order]])
 
 
 def _hits(keys: list[str | None], rows: np.ndarray, fused: np.ndarray, dense: np.ndarray,
@@ -231,9 +234,3 @@ def _hits(keys: list[str | None], rows: np.ndarray, fused: np.ndarray, dense: np
     return [Hit(keys[r], f, d, x, v) for r, f, d, x, v in zip(rows.tolist(), fused.tolist(), dense.tolist(),
                                                                lexical.tolist(), vectors, strict=True)]
 
-
-def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    if len(scores) <= k:
-        return np.argsort(-scores, kind="stable")
-    part = np.argpartition(-scores, k)[:k]
-    return part[np.argsort(-scores[part], kind="stable")]

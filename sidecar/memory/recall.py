@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from sidecar.domain import Authority, Memory, MemoryType, Scope
 from sidecar.index.hybrid import HybridIndex
-from sidecar.text import query_terms, term_ids, terms
+from sidecar.text import query_terms, terms
 
 # A user-stated memory outranks an inferred one at equal relevance.
 AUTHORITY_BONUS = {Authority.USER_STATED: 0.05, Authority.TOOL_VERIFIED: 0.03, Authority.INFERRED: 0.0}
@@ -32,21 +33,14 @@ class UserMemories:
     by_subject: dict[tuple[MemoryType, str], set[str]] = field(default_factory=dict)
     # successor id -> ids it superseded (so BuildContext can say why the old ones are absent)
     superseded: dict[str, list[str]] = field(default_factory=dict)
-    _term_ids: dict[str, np.ndarray] = field(default_factory=dict)
-    # memory id -> its ContextItem wire bytes, filled by the BuildContext source (memory.source) and
-    # dropped on every change of that memory.
-    bodies: dict[str, bytes] = field(default_factory=dict)
+    # memory id -> what the BuildContext source (memory.source) derives from it once per version of
+    # it (rendered text, wire bytes, term ids, ...); dropped on every change of that memory.
+    prepared: dict[str, Any] = field(default_factory=dict)
     _prefs: list[Memory] | None = None  # cache of top_preferences, dropped on every change
-
-    def term_ids(self, memory_id: str) -> np.ndarray:
-        cached = self._term_ids.get(memory_id)
-        if cached is None:
-            cached = self._term_ids[memory_id] = term_ids(terms(self.active[memory_id].content))
-        return cached
 
     def add(self, memory: Memory, vector: np.ndarray) -> None:
         self._prefs = None
-        self.bodies.pop(memory.memory_id, None)
+        self.prepared.pop(memory.memory_id, None)
         self.active[memory.memory_id] = memory
         if memory.subject:
             self.by_subject.setdefault((memory.type, memory.subject), set()).add(memory.memory_id)
@@ -54,8 +48,7 @@ class UserMemories:
 
     def remove(self, memory_id: str) -> bool:
         memory = self.active.pop(memory_id, None)
-        self._term_ids.pop(memory_id, None)
-        self.bodies.pop(memory_id, None)
+        self.prepared.pop(memory_id, None)
         self._prefs = None
         if memory is None:
             return False
@@ -67,7 +60,7 @@ class UserMemories:
         """A changed row whose text and vector stay the same (a merge)."""
         self.active[memory.memory_id] = memory
         self.index.set_prior(memory.memory_id, AUTHORITY_BONUS[memory.authority])
-        self.bodies.pop(memory.memory_id, None)
+        self.prepared.pop(memory.memory_id, None)
         self._prefs = None
 
     def top_preferences(self, n: int) -> list[Memory]:

@@ -3,6 +3,8 @@ The user's preferences always compete; other memories only when they match the q
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 import fastpath
@@ -17,6 +19,7 @@ from sidecar.assembly.candidates import (
 from sidecar.domain import Category, Memory, MemoryType
 from sidecar.memory.recall import AUTHORITY_BONUS, UserMemories
 from sidecar.memory.service import MemoryService, render_memory
+from sidecar.text import term_ids, terms
 
 TOP_K = 24
 MIN_RELEVANCE = 0.12
@@ -35,6 +38,7 @@ class MemorySource:
         batch = CandidateBatch(category=SoftCategory.MEMORIES, section=Section.MEMORIES)
         if inp.budget.memories <= 0:
             return [batch]
+        now = inp.now_ms
         with self.memories._lock:
             state = self.memories.user(inp.scope)
             if not state.active:
@@ -42,52 +46,57 @@ class MemorySource:
             vector = (inp.query_embedding if inp.query_embedding is not None and
                       inp.query_embedding.shape == (self.memories.embedder.dim,)
                       else self.memories.embedder.embed([inp.query])[0] if inp.query else None)
-            hits = {h.memory.memory_id: h for h in state.search(vector, inp.query, TOP_K, now_ms=inp.now_ms,
-                                                                  include_expired=True)}
-            prefs = state.top_preferences(MAX_PREFERENCES)
-            pref_vectors = {m.memory_id: state.index.vector(m.memory_id) for m in prefs if m.memory_id not in hits}
-            # Only the candidates' predecessors, not a copy of the user's whole supersession map.
-            superseded = {key: tuple(state.superseded[key]) for key in (*hits, *(m.memory_id for m in prefs))
-                          if key in state.superseded}
-        picked, vectors = [], []
-        for h in hits.values():
-            if h.memory.expired(inp.now_ms):
-                batch.dropped.append(SourceDrop(f"memory:{h.memory.memory_id}", SoftCategory.MEMORIES, DROP_EXPIRED,
-                                                h.memory.tokens))
-            elif h.memory.type == MemoryType.PREFERENCE:
-                picked.append((h.memory, max(h.score, PREFERENCE_FLOOR + AUTHORITY_BONUS[h.memory.authority])))
-                vectors.append(h.vector)
-            elif h.score >= MIN_RELEVANCE:
-                picked.append((h.memory, h.score))
-                vectors.append(h.vector)
-        for m in prefs:
-            if m.memory_id not in hits and not m.expired(inp.now_ms):
-                picked.append((m, PREFERENCE_FLOOR + AUTHORITY_BONUS[m.authority]))
-                vectors.append(pref_vectors[m.memory_id])
-        for m, _ in picked:
-            for old in superseded.get(m.memory_id, ()):
-                batch.dropped.append(SourceDrop(f"memory:{old}", SoftCategory.MEMORIES, DROP_SUPERSEDED, 0,
-                                                kept_source=f"memory:{m.memory_id}"))
-        batch.texts = [render_memory(m.content) for m, _ in picked]
-        batch.sources = [f"memory:{m.memory_id}" for m, _ in picked]
-        batch.tokens = [m.tokens for m, _ in picked]
-        batch.relevance = [score for _, score in picked]
-        batch.age_s = [max(inp.now_ms - m.updated_at_ms, 0) / 1000.0 for m, _ in picked]
-        batch.priority = [0.1 * m.confidence for m, _ in picked]
+            picked: dict[str, tuple[Memory, float]] = {}
+            for h in state.search(vector, inp.query, TOP_K, now_ms=now, include_expired=True):
+                m = h.memory
+                if m.expired(now):
+                    batch.dropped.append(SourceDrop(f"memory:{m.memory_id}", SoftCategory.MEMORIES, DROP_EXPIRED,
+                                                    m.tokens))
+                elif m.type == MemoryType.PREFERENCE:
+                    picked[m.memory_id] = (m, max(h.score, PREFERENCE_FLOOR + AUTHORITY_BONUS[m.authority]))
+                elif h.score >= MIN_RELEVANCE:
+                    picked[m.memory_id] = (m, h.score)
+            for m in state.top_preferences(MAX_PREFERENCES):
+                if m.memory_id not in picked and not m.expired(now):
+                    picked[m.memory_id] = (m, PREFERENCE_FLOOR + AUTHORITY_BONUS[m.authority])
+            for key in picked:
+                for old in state.superseded.get(key, ()):
+                    batch.dropped.append(SourceDrop(f"memory:{old}", SoftCategory.MEMORIES, DROP_SUPERSEDED, 0,
+                                                    kept_source=f"memory:{key}"))
+            # Under the lock: a write drops a memory's prepared row.
+            rows = [state.prepared.get(key) or _prepare(state, m) for key, (m, _) in picked.items()]
+        if not rows:
+            return [batch]
+        texts, sources, tokens, term_ids, bodies, metas, vectors, priority, updated = zip(*rows, strict=True)
+        batch.texts, batch.sources, batch.tokens, batch.priority = texts, sources, tokens, priority
+        batch.term_ids, batch.bodies = list(term_ids), bodies
+        batch.relevance = [score for _, score in picked.values()]
+        batch.age_s = [max(now - t, 0) / 1000.0 for t in updated]
         # One copy of all the rows (np.stack would add an axis to each vector first).
-        batch.vectors = np.concatenate(vectors).reshape(len(vectors), -1) if vectors else None
-        metas = [(0, m.updated_at_ms, None, tuple(m.source_message_ids)) for m, _ in picked]
-        with self.memories._lock:  # under the lock: a write drops a memory's cached bytes
-            batch.term_ids = [state.term_ids(m.memory_id) for m, _ in picked]
-            batch.bodies = [state.bodies.get(m.memory_id) or _body(state, m, meta)
-                            for (m, _), meta in zip(picked, metas, strict=True)]
+        batch.vectors = np.concatenate(vectors).reshape(len(vectors), -1)
         batch.meta = metas.__getitem__
         return [batch]
 
 
-def _body(state: UserMemories, m: Memory, meta: ItemMeta) -> bytes:
-    """The memory's ContextItem wire bytes, made once per version of it."""
-    role, ts, _, message_ids = meta
-    body = state.bodies[m.memory_id] = fastpath.encode_item(f"memory:{m.memory_id}", Category.MEMORIES, m.tokens,
-                                                            render_memory(m.content), role, ts, message_ids)
-    return body
+class PreparedMemory(NamedTuple):
+    """What a candidate needs of one memory that does not change until the memory does."""
+
+    text: str
+    source: str
+    tokens: int
+    term_ids: np.ndarray
+    body: bytes  # its ContextItem wire bytes
+    meta: ItemMeta
+    vector: np.ndarray
+    priority: float
+    updated_at_ms: int
+
+
+def _prepare(state: UserMemories, m: Memory) -> PreparedMemory:
+    text, source = render_memory(m.content), f"memory:{m.memory_id}"
+    meta: ItemMeta = (0, m.updated_at_ms, None, tuple(m.source_message_ids))
+    body = fastpath.encode_item(source, Category.MEMORIES, m.tokens, text, *meta[:2], meta[3])
+    prepared = state.prepared[m.memory_id] = PreparedMemory(
+        text, source, m.tokens, term_ids(terms(m.content)), body, meta, state.index.vector(m.memory_id),
+        0.1 * m.confidence, m.updated_at_ms)
+    return prepared
