@@ -232,3 +232,52 @@ def test_context_shows_a_memory_as_it_is_now(stub, scope, session_id):
     assert any("Datadog" in t for t in now) and not any("Grafana" in t for t in now)
     stub.DeleteMemory(pb.DeleteMemoryRequest(scope=scope, memory_id=add.memory.memory_id))
     assert not any("dashboard" in t for t in packed())
+
+
+def test_memory_candidates_carry_what_the_builder_would_compute(tmp_path):
+    """The memory source hands over each memory's derived data made once per version of it: the
+    dedup keys equal fastpath.text_keys of the packed text, the bytes encode that text, the vector is
+    the indexed one; an edit makes them anew."""
+    import numpy as np
+
+    import fastpath
+    from sidecar.app import Sidecar
+    from sidecar.assembly.budget import DEFAULT_BUDGET
+    from sidecar.assembly.candidates import BuildInput
+    from sidecar.domain import MemoryType, Scope
+    from sidecar.memory.service import MemoryInput
+    from sidecar.memory.source import MemorySource
+    from sidecar.text import query_terms
+
+    app = Sidecar(str(tmp_path / "m.duckdb"))
+    try:
+        scope = Scope("t", "u")
+        sid = app.sessions.create(scope, "s", "", {}).session_id
+        for text in ("Prefers Grafana dashboards for payment-api", "payment-api runs on k8s-prod-3",
+                     "payment-api owner is team-pay"):
+            app.memories.write(scope, MemoryInput(MemoryType.SEMANTIC, text))
+        source = MemorySource(app.memories)
+
+        def batch():
+            query = "payment-api dashboards"
+            inp = BuildInput(scope=scope, view=app.sessions.view(scope, sid), run_id="", query=query,
+                             query_terms=frozenset(query_terms(query)), query_embedding=None, roles=(),
+                             budget=DEFAULT_BUDGET, now_ms=2**62)
+            [b] = source.candidates(inp)
+            exact, sim = fastpath.text_keys(list(b.texts))
+            assert b.exact_keys.tolist() == exact.tolist() and b.simhashes.tolist() == sim.tolist()
+            state = app.memories.user(scope)
+            for j, src in enumerate(b.sources):
+                assert b.texts[j].encode() in b.bodies[j] and src.encode() in b.bodies[j]
+                assert np.array_equal(b.vectors[j], state.index.vector(src[len("memory:"):]))
+            return b
+
+        first = batch()
+        assert len(first) == 3
+        mid = first.sources[0][len("memory:"):]
+        app.memories.update(scope, mid, content="Prefers Datadog dashboards for payment-api", confidence=None,
+                            expires_at_ms=None, type_=None)
+        again = batch()
+        assert any("Datadog" in t for t in again.texts) and not any("Grafana" in t for t in again.texts)
+    finally:
+        app.close()

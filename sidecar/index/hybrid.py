@@ -197,7 +197,7 @@ class HybridIndex:
         raw = self._lexical(terms) if terms else np.zeros(n_rows, np.float32)
         alive = self._alive[:n_rows]
         w = self.dense_weight
-        has_vector = vector is not None and bool(np.any(vector))
+        has_vector = vector is not None and bool(vector.any())
         if has_vector and self._hnsw is None:  # exact: every row has a dense score
             dense_of = self._vectors[:n_rows] @ vector
             # Fuse, skip the dead and keep the best k in one compiled pass (a handful of numpy

@@ -67,8 +67,9 @@ class MemorySource:
             rows = [state.prepared.get(key) or _prepare(state, m) for key, (m, _) in picked.items()]
         if not rows:
             return [batch]
-        texts, sources, tokens, term_ids, bodies, metas, vectors, priority, updated = zip(*rows, strict=True)
+        texts, sources, tokens, term_ids, bodies, metas, vectors, priority, updated, keys = zip(*rows, strict=True)
         batch.texts, batch.sources, batch.tokens, batch.priority = texts, sources, tokens, priority
+        batch.exact_keys, batch.simhashes = np.array(keys, np.uint64).reshape(len(keys), 2).T
         batch.term_ids, batch.bodies = list(term_ids), bodies
         batch.relevance = [score for _, score in picked.values()]
         batch.age_s = [max(now - t, 0) / 1000.0 for t in updated]
@@ -90,13 +91,15 @@ class PreparedMemory(NamedTuple):
     vector: np.ndarray
     priority: float
     updated_at_ms: int
+    dedup_keys: tuple[int, int]  # (exact key, simhash) of the text, as fastpath.text_keys makes them
 
 
 def _prepare(state: UserMemories, m: Memory) -> PreparedMemory:
     text, source = render_memory(m.content), f"memory:{m.memory_id}"
     meta: ItemMeta = (0, m.updated_at_ms, None, tuple(m.source_message_ids))
     body = fastpath.encode_item(source, Category.MEMORIES, m.tokens, text, *meta[:2], meta[3])
+    exact, simhash = fastpath.text_keys([text])
     prepared = state.prepared[m.memory_id] = PreparedMemory(
         text, source, m.tokens, term_ids(terms(m.content)), body, meta, state.index.vector(m.memory_id),
-        0.1 * m.confidence, m.updated_at_ms)
+        0.1 * m.confidence, m.updated_at_ms, (int(exact[0]), int(simhash[0])))
     return prepared
