@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sidecar.domain import Authority, Memory, MemoryType, Scope
 from sidecar.index.hybrid import HybridIndex
 from sidecar.text import query_terms, terms
+
+if TYPE_CHECKING:  # the source module imports this one
+    from sidecar.memory.source import PreparedMemory
 
 # A user-stated memory outranks an inferred one at equal relevance.
 AUTHORITY_BONUS = {Authority.USER_STATED: 0.05, Authority.TOOL_VERIFIED: 0.03, Authority.INFERRED: 0.0}
@@ -35,7 +38,7 @@ class UserMemories:
     superseded: dict[str, list[str]] = field(default_factory=dict)
     # memory id -> what the BuildContext source (memory.source) derives from it once per version of
     # it (rendered text, wire bytes, term ids, ...); dropped on every change of that memory.
-    prepared: dict[str, Any] = field(default_factory=dict)
+    prepared: dict[str, PreparedMemory] = field(default_factory=dict)
     _prefs: list[Memory] | None = None  # cache of top_preferences, dropped on every change
 
     def add(self, memory: Memory, vector: np.ndarray) -> None:
