@@ -158,10 +158,10 @@ def main() -> None:
     req = BuildRequest(session_id=sid, query=QUERY, system_rules=RULES, tools=TOOLS)
     synthetic = app.builder.sources[-1]
     from sidecar.assembly.candidates import BuildInput
-    from sidecar.text import term_set
+    from sidecar.text import query_terms
 
     view = app.store.session_view(SCOPE, sid)
-    inp = BuildInput(SCOPE, view, "", QUERY, term_set(QUERY), None, (), req.budget, 0)
+    inp = BuildInput(SCOPE, view, "", QUERY, frozenset(query_terms(QUERY)), None, (), req.budget, 0)
     batches = [b for src in app.builder.sources for b in src.candidates(inp)]
     arrays = scenario.feature_arrays(batches)
     cat_budget = __import__("numpy").array([6000, 4000, 2000, 6000], "int64")

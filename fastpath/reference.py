@@ -562,7 +562,6 @@ def fused_top_k(dense: Any, lexical: Any, prior: Any, alive: Any, w: float, half
             np.array([lex[i] for _, i in top], np.float32))
 
 
-
 def encode_dropped(sources: Sequence[str], categories: Any, reasons: Any, scores: Any, tokens: Any,
                    kept_sources: Sequence[str]) -> bytes:
     """Wire bytes of BuildContextResponse.dropped entries, one per index (see "Wire encoding")."""

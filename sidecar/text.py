@@ -34,10 +34,6 @@ def terms(text: str) -> list[str]:
     return [stem(t) for t in _TERM_RE.findall(text.lower()) if t not in STOPWORDS]
 
 
-def term_set(text: str) -> frozenset[str]:
-    return frozenset(terms(text))
-
-
 # One BuildContext tokenises its query in several sources (memories, knowledge, graph): once is
 # enough. Bounded like the builder's key cache; long texts are not kept.
 _QUERY_TERMS: dict[str, tuple[str, ...]] = {}

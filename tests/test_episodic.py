@@ -122,6 +122,7 @@ def test_recalled_turns_render_within_their_budget(running, user):
         assert count_tokens(section) <= sum(it.tokens for it in packed) <= memories
         assert count_tokens(resp.rendered_text) <= resp.total_budget
 
+
 def test_users_are_isolated(running, user):
     other = pb.Scope(tenant_id=user.tenant_id, user_id=user.user_id + "-other")
     _, other_ids = session(running.stub, other, [("Ann", "My secret locker code is walrus-42.")])

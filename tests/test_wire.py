@@ -65,6 +65,7 @@ def test_dropped_bytes_match_reference_and_protobuf(entries):
     # Field order and float32 rounding as protobuf's own (bytes, so -0.0 vs 0.0 counts too).
     assert wire == expected.SerializeToString()
 
+
 def test_sections_concatenate_after_the_other_fields():
     """The response is its small fields serialised by protobuf, then the sections' bytes."""
     head = pb.BuildContextResponse(total_tokens=7, stable_prefix_hash="abc").SerializeToString()

@@ -12,9 +12,10 @@ plus BM25 of the query's category words expanded through a small hand-written co
 information over their own turns, no model), fused with the dense cosine, times a boost for turns
 spoken by a person the query names, for turns of a session in the month the query names or told on
 (or within a week after) a day it names ("on 9 November, 2022"), and for a session's first turns (a
-session opens with the news since the last one), and for a turn in the first person ("I", "my":
-it tells of its speaker) over one in the second ("you"). Terms are stemmed with irregular forms ("went" ->
-go) and a dropped final "e" ("hike"/"hiking"). Packed turns read "Ann: text"; their date is one
+session opens with the news since the last one), for a turn in the first person ("I", "my": it
+tells of its speaker) over one in the second ("you"), and for a turn naming someone or something
+that is no speaker (a capitalised word inside a sentence). Terms are stemmed with irregular forms
+("went" -> go) and a dropped final "e" ("hike"/"hiking"). Packed turns read "Ann: text"; their date is one
 "[8 May 2023]" item per day, packed ahead of that day's turns. Measured on LoCoMo (tuned on
 conversations 1-5; bench/recall.py --offline compares knobs in seconds): about 0.8 ms per query over a
 ~600-turn user."""

@@ -67,10 +67,10 @@ class MemorySource:
             rows = [state.prepared.get(key) or _prepare(state, m) for key, (m, _) in picked.items()]
         if not rows:
             return [batch]
-        texts, sources, tokens, term_ids, bodies, metas, vectors, priority, updated, keys = zip(*rows, strict=True)
+        texts, sources, tokens, term_arrays, bodies, metas, vectors, priority, updated, keys = zip(*rows, strict=True)
         batch.texts, batch.sources, batch.tokens, batch.priority = texts, sources, tokens, priority
         batch.exact_keys, batch.simhashes = np.array(keys, np.uint64).reshape(len(keys), 2).T
-        batch.term_ids, batch.bodies = list(term_ids), bodies
+        batch.term_ids, batch.bodies = list(term_arrays), bodies
         batch.relevance = [score for _, score in picked.values()]
         batch.age_s = [max(now - t, 0) / 1000.0 for t in updated]
         # One copy of all the rows (np.stack would add an axis to each vector first).
