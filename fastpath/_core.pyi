@@ -89,6 +89,19 @@ def fused_top_k(
     half: float,
     k: int,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+def hybrid_top_k(
+    term_rows: Sequence[npt.ArrayLike],
+    term_weights: Sequence[npt.ArrayLike],
+    dense_rows: npt.ArrayLike,
+    vectors: npt.ArrayLike,
+    query: npt.ArrayLike | None,
+    prior: npt.ArrayLike,
+    alive: npt.ArrayLike,
+    w: float,
+    half: float,
+    k: int,
+    lexical_k: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
 def encode_dropped(
     sources: Sequence[str],
     categories: npt.ArrayLike,

@@ -1215,6 +1215,41 @@ cdef void _sift_down(float* hf, int64_t* hr, Py_ssize_t size, Py_ssize_t i) noex
         i = last
 
 
+cdef inline void _heap_offer(float* hf, int64_t* hr, Py_ssize_t* size, Py_ssize_t k, float f,
+                             int64_t i) noexcept nogil:
+    """Keep the k best (f, i) offered so far: fill, heapify once full, then replace the root (the
+    entry that ranks last) whenever a better one comes."""
+    cdef Py_ssize_t m
+    if size[0] < k:
+        hf[size[0]], hr[size[0]] = f, i
+        size[0] += 1
+        if size[0] == k:
+            for m in range(k // 2 - 1, -1, -1):
+                _sift_down(hf, hr, k, m)
+    elif k > 0 and _ranks_before(f, i, hf[0], hr[0]):
+        hf[0], hr[0] = f, i
+        _sift_down(hf, hr, k, 0)
+
+
+cdef inline void _heap_close(float* hf, int64_t* hr, Py_ssize_t size, Py_ssize_t k) noexcept nogil:
+    """Heapify a heap that was never filled to k (a full one already is)."""
+    cdef Py_ssize_t m
+    if size < k:
+        for m in range(size // 2 - 1, -1, -1):
+            _sift_down(hf, hr, size, m)
+
+
+cdef void _heap_drain(float* hf, int64_t* hr, Py_ssize_t size, int64_t* rows, float* scores) noexcept nogil:
+    """Empty the heap into rows/scores in rank order: popping yields the last-ranked entry first,
+    so the output fills from the back."""
+    cdef Py_ssize_t m = size
+    while m > 0:
+        m -= 1
+        rows[m], scores[m] = hr[0], hf[0]
+        hf[0], hr[0] = hf[m], hr[m]
+        _sift_down(hf, hr, m, 0)
+
+
 def fused_top_k(dense, lexical, prior, alive, double w, double half, Py_ssize_t k):
     """The k best rows of a hybrid index by fused score, in one pass without temporaries.
 
@@ -1257,18 +1292,9 @@ def fused_top_k(dense, lexical, prior, alive, double w, double half, Py_ssize_t 
                 f = (w32 * pd[i] + omw32 * l) + pp[i]
                 if isnan(f) or isinf(f):
                     continue
-                if size < k:  # fill, then heapify once full
-                    hf[size], hr[size] = f, i
-                    size += 1
-                    if size == k:
-                        for m in range(k // 2 - 1, -1, -1):
-                            _sift_down(hf, hr, size, m)
-                elif _ranks_before(f, i, hf[0], hr[0]):
-                    hf[0], hr[0] = f, i
-                    _sift_down(hf, hr, size, 0)
-            if not bad and size < k:
-                for m in range(size // 2 - 1, -1, -1):
-                    _sift_down(hf, hr, size, m)
+                _heap_offer(hf, hr, &size, k, f, i)
+            if not bad:
+                _heap_close(hf, hr, size, k)
         if bad:
             raise ValueError("lexical must be >= 0")
         rows = _empty(size, cnp.NPY_INT64)
@@ -1276,18 +1302,189 @@ def fused_top_k(dense, lexical, prior, alive, double w, double half, Py_ssize_t 
         lex = _empty(size, cnp.NPY_FLOAT32)
         prows, pfused, plex = <int64_t*>_ptr(rows), <float*>_ptr(fused), <float*>_ptr(lex)
         with nogil:
-            # Pop the heap from its last-ranked entry: the output fills from the back.
-            m = size
-            while m > 0:
-                m -= 1
-                prows[m], pfused[m] = hr[0], hf[0]
-                plex[m] = pl[hr[0]] / (pl[hr[0]] + h32)
-                hf[0], hr[0] = hf[m], hr[m]
-                _sift_down(hf, hr, m, 0)
+            _heap_drain(hf, hr, size, prows, pfused)
+            for m in range(size):
+                plex[m] = pl[prows[m]] / (pl[prows[m]] + h32)
         return rows, fused, lex
     finally:
         free(hf)
         free(hr)
+
+
+cdef enum:
+    _TOUCHED = 1  # the row holds a query term
+    _PICKED = 2  # the row is a candidate
+
+
+cdef inline float _dot32(const float* a, const float* b, Py_ssize_t dim) noexcept nogil:
+    """float32 dot product with 8 running sums (element j into sum j % 8), added pairwise at the
+    end: a fixed order the reference repeats, and independent adds that pipeline."""
+    cdef float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0
+    cdef Py_ssize_t j = 0
+    while j + 8 <= dim:
+        s0 += a[j] * b[j]
+        s1 += a[j + 1] * b[j + 1]
+        s2 += a[j + 2] * b[j + 2]
+        s3 += a[j + 3] * b[j + 3]
+        s4 += a[j + 4] * b[j + 4]
+        s5 += a[j + 5] * b[j + 5]
+        s6 += a[j + 6] * b[j + 6]
+        s7 += a[j + 7] * b[j + 7]
+        j += 8
+    # The tail (fewer than 8 left) starts at a multiple of 8: its elements go to sums 0, 1, ...
+    if j < dim:
+        s0 += a[j] * b[j]
+    if j + 1 < dim:
+        s1 += a[j + 1] * b[j + 1]
+    if j + 2 < dim:
+        s2 += a[j + 2] * b[j + 2]
+    if j + 3 < dim:
+        s3 += a[j + 3] * b[j + 3]
+    if j + 4 < dim:
+        s4 += a[j + 4] * b[j + 4]
+    if j + 5 < dim:
+        s5 += a[j + 5] * b[j + 5]
+    if j + 6 < dim:
+        s6 += a[j + 6] * b[j + 6]
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+def hybrid_top_k(term_rows, term_weights, dense_rows, vectors, query, prior, alive, double w, double half,
+                 Py_ssize_t k, Py_ssize_t lexical_k):
+    """The k best rows of a graph-searched hybrid index: lexical scoring, candidate union, fusion and
+    ranking in one pass. See fastpath.reference.hybrid_top_k for the exact rule."""
+    cdef cnp.ndarray al = _arr("alive", alive, cnp.NPY_BOOL, np.bool_, "biu", -1)
+    cdef Py_ssize_t n = cnp.PyArray_DIM(al, 0)
+    cdef cnp.ndarray pr = _arr("prior", prior, cnp.NPY_FLOAT32, np.float32, _FLOAT_KINDS, n)
+    cdef cnp.ndarray dr = _arr("dense_rows", dense_rows, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    cdef cnp.ndarray q = None if query is None else _arr("query", query, cnp.NPY_FLOAT32, np.float32, _FLOAT_KINDS, -1)
+    cdef Py_ssize_t dim = 0 if q is None else cnp.PyArray_DIM(q, 0)
+    cdef cnp.ndarray vecs = _matrix32("vectors", vectors, n, dim if q is not None else -1)
+    if not half > 0:
+        raise ValueError(f"half must be > 0, got {half}")
+    if len(term_rows) != len(term_weights):
+        raise ValueError(f"term_weights must have length {len(term_rows)}, got {len(term_weights)}")
+    cdef list t_rows = [], t_weights = []
+    cdef Py_ssize_t t, j, m, size = 0, n_cand = 0, total = 0, n_dense = cnp.PyArray_DIM(dr, 0)
+    cdef cnp.ndarray rows_t, weights_t
+    for t in range(len(term_rows)):
+        rows_t = _arr(f"term_rows[{t}]", term_rows[t], cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+        weights_t = _arr(f"term_weights[{t}]", term_weights[t], cnp.NPY_FLOAT32, np.float32, _FLOAT_KINDS,
+                         cnp.PyArray_DIM(rows_t, 0))
+        _check_rows(f"term_rows[{t}]", rows_t, n)
+        _check_non_negative(f"term_weights[{t}]", weights_t)
+        t_rows.append(rows_t)
+        t_weights.append(weights_t)
+        total += cnp.PyArray_DIM(rows_t, 0)
+    _check_rows("dense_rows", dr, n)
+    if k < 0:
+        k = 0
+    if lexical_k < 0:
+        lexical_k = 0
+    cdef const uint8_t* pa = <const uint8_t*>_ptr(al)
+    cdef const float* pp = <const float*>_ptr(pr)
+    cdef const int64_t* pdr = <const int64_t*>_ptr(dr)
+    cdef const float* pq = NULL
+    if q is not None:
+        pq = <const float*>_ptr(q)
+    cdef const float* pv = <const float*>_ptr(vecs)
+    cdef const int64_t* prt
+    cdef const float* pwt
+    cdef int64_t r
+    cdef float h32 = <float>half, w32 = <float>w, omw32 = <float>(1.0 - w), l, f, d
+    cdef float* raw = <float*>malloc(n * sizeof(float) + 1)
+    cdef uint8_t* state = <uint8_t*>calloc(n + 1, 1)
+    cdef int64_t* touched = <int64_t*>malloc(total * sizeof(int64_t) + 1)
+    cdef Py_ssize_t n_touched = 0, cap = lexical_k + n_dense
+    cdef float* hf = <float*>malloc(cap * sizeof(float) + 1)
+    cdef int64_t* hr = <int64_t*>malloc(cap * sizeof(int64_t) + 1)
+    cdef int64_t* cand = <int64_t*>malloc(cap * sizeof(int64_t) + 1)
+    cdef cnp.ndarray out_rows, out_fused, out_dense, out_lex
+    cdef int64_t* po
+    cdef float* pf
+    cdef float* pd
+    cdef float* pl
+    try:
+        if raw == NULL or state == NULL or touched == NULL or hf == NULL or hr == NULL or cand == NULL:
+            raise MemoryError()
+        for t in range(len(t_rows)):
+            prt = <const int64_t*>_ptr(<cnp.ndarray>t_rows[t])
+            pwt = <const float*>_ptr(<cnp.ndarray>t_weights[t])
+            m = cnp.PyArray_DIM(<cnp.ndarray>t_rows[t], 0)
+            with nogil:
+                for j in range(m):
+                    r = prt[j]
+                    if state[r] & _TOUCHED:
+                        raw[r] += pwt[j]
+                    else:  # raw is not zeroed: set on a row's first posting, as 0 + x
+                        state[r] |= _TOUCHED
+                        raw[r] = <float>0.0 + pwt[j]
+                        touched[n_touched] = r
+                        n_touched += 1
+        with nogil:
+            # The lexical list: the best lexical_k live rows with a positive squashed score.
+            for j in range(n_touched):
+                r = touched[j]
+                if pa[r]:
+                    l = raw[r] / (raw[r] + h32)
+                    if l > 0:
+                        _heap_offer(hf, hr, &size, lexical_k, l, r)
+            _heap_close(hf, hr, size, lexical_k)
+            for j in range(size):
+                cand[j] = hr[j]
+                state[hr[j]] |= _PICKED
+            n_cand = size
+            for j in range(n_dense):  # the dense list: live rows not already in
+                r = pdr[j]
+                if pa[r] and not state[r] & _PICKED:
+                    state[r] |= _PICKED
+                    cand[n_cand] = r
+                    n_cand += 1
+            size = 0
+            for j in range(n_cand):
+                r = cand[j]
+                l = raw[r] / (raw[r] + h32) if state[r] & _TOUCHED else 0.0
+                d = _dot32(pv + r * dim, pq, dim) if pq != NULL else 0.0
+                f = (w32 * d + omw32 * l) + pp[r]
+                if not (isnan(f) or isinf(f)):
+                    _heap_offer(hf, hr, &size, k, f, r)
+            _heap_close(hf, hr, size, k)
+        out_rows, out_fused = _empty(size, cnp.NPY_INT64), _empty(size, cnp.NPY_FLOAT32)
+        out_dense, out_lex = _empty(size, cnp.NPY_FLOAT32), _empty(size, cnp.NPY_FLOAT32)
+        po, pf = <int64_t*>_ptr(out_rows), <float*>_ptr(out_fused)
+        pd, pl = <float*>_ptr(out_dense), <float*>_ptr(out_lex)
+        with nogil:
+            _heap_drain(hf, hr, size, po, pf)
+            for j in range(size):
+                r = po[j]
+                pl[j] = raw[r] / (raw[r] + h32) if state[r] & _TOUCHED else 0.0
+                pd[j] = _dot32(pv + r * dim, pq, dim) if pq != NULL else 0.0
+        return out_rows, out_fused, out_dense, out_lex
+    finally:
+        free(raw)
+        free(state)
+        free(touched)
+        free(hf)
+        free(hr)
+        free(cand)
+
+
+cdef int _check_non_negative(str name, cnp.ndarray values) except -1:
+    cdef const float* p = <const float*>_ptr(values)
+    cdef Py_ssize_t j
+    for j in range(cnp.PyArray_DIM(values, 0)):
+        if not p[j] >= 0:  # also NaN
+            raise ValueError(f"{name} must be >= 0")
+    return 0
+
+
+cdef int _check_rows(str name, cnp.ndarray rows, Py_ssize_t n) except -1:
+    cdef const int64_t* p = <const int64_t*>_ptr(rows)
+    cdef Py_ssize_t j
+    for j in range(cnp.PyArray_DIM(rows, 0)):
+        if p[j] < 0 or p[j] >= n:
+            raise ValueError(f"{name} holds row {p[j]}, outside 0-{n - 1}")
+    return 0
 
 
 def encode_dropped(sources, categories, reasons, scores, tokens, kept_sources):

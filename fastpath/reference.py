@@ -562,6 +562,79 @@ def fused_top_k(dense: Any, lexical: Any, prior: Any, alive: Any, w: float, half
             np.array([lex[i] for _, i in top], np.float32))
 
 
+def _dot32(a: Sequence[float], b: Sequence[float]) -> float:
+    """float32 dot product summed in 8 lanes (element j into lane j % 8), the lanes then added
+    pairwise: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))."""
+    lanes = [0.0] * 8
+    for j, (x, y) in enumerate(zip(a, b, strict=True)):
+        lanes[j % 8] = _f32(lanes[j % 8] + _f32(x * y))
+    pair = [_f32(lanes[i] + lanes[i + 1]) for i in range(0, 8, 2)]
+    return _f32(_f32(pair[0] + pair[1]) + _f32(pair[2] + pair[3]))
+
+
+def _rows(name: str, x: Any, n: int) -> list[int]:
+    rows = _array(name, x, np.int64, _INT_KINDS).tolist()
+    for r in rows:
+        if not 0 <= r < n:
+            raise ValueError(f"{name} holds row {r}, outside 0-{n - 1}")
+    return rows
+
+
+def hybrid_top_k(term_rows: Sequence[Any], term_weights: Sequence[Any], dense_rows: Any, vectors: Any,
+                 query: Any, prior: Any, alive: Any, w: float, half: float, k: int,
+                 lexical_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The k best rows of a graph-searched hybrid index, fused from two candidate lists.
+
+    n = len(alive). Each row's raw lexical score is the float32 sum of its postings' weights
+    (term_weights[t][j] for every term_rows[t][j] == row), terms in order, and lex = raw / (raw +
+    half) (0 for a row without postings). Candidates: the lexical_k live rows with the best lex > 0
+    (ties by row ascending), then the live dense_rows (e.g. a graph index's nearest rows) not
+    already in. Each candidate's dense score is the float32 dot (see _dot32) of vectors[row] (shape
+    (n, dim)) and query, or 0 when query is None; fused = (w * dense + (1 - w) * lex) + prior[row],
+    all in float32, candidates whose fused score is not finite skipped. Returns (rows int64[m], fused,
+    dense, lex float32[m]), m = min(k, candidates), fused descending, ties by row ascending.
+    Weights must be >= 0, rows in 0..n-1, half > 0."""
+    al = _array("alive", alive, np.bool_, "biu").tolist()
+    n = len(al)
+    pr = _array("prior", prior, np.float32, _FLOAT_KINDS, n).tolist()
+    dense_list = _rows("dense_rows", dense_rows, n)
+    q = None if query is None else _array("query", query, np.float32, _FLOAT_KINDS).tolist()
+    vecs = np.asarray(vectors, np.float32)
+    if vecs.ndim != 2 or vecs.shape[0] != n or (q is not None and vecs.shape[1] != len(q)):
+        raise ValueError(f"vectors must have shape ({n}, {'dim' if q is None else len(q)}), got {vecs.shape}")
+    if not half > 0:
+        raise ValueError(f"half must be > 0, got {half}")
+    if len(term_rows) != len(term_weights):
+        raise ValueError(f"term_weights must have length {len(term_rows)}, got {len(term_weights)}")
+    raw: dict[int, float] = {}
+    for t, (rows_t, weights_t) in enumerate(zip(term_rows, term_weights, strict=True)):
+        rows = _rows(f"term_rows[{t}]", rows_t, n)
+        weights = _array(f"term_weights[{t}]", weights_t, np.float32, _FLOAT_KINDS, len(rows)).tolist()
+        if not all(x >= 0 for x in weights):
+            raise ValueError(f"term_weights[{t}] must be >= 0")
+        for r, x in zip(rows, weights, strict=True):
+            raw[r] = _f32(raw.get(r, 0.0) + x)
+    h32, w32, omw32 = _f32(half), _f32(w), _f32(1.0 - w)
+    lex = {r: _f32(x / _f32(x + h32)) for r, x in raw.items()}
+    lexical = sorted((-x, r) for r, x in lex.items() if al[r] and x > 0)[:max(lexical_k, 0)]
+    candidates = [r for _, r in lexical]
+    seen = set(candidates)
+    for r in dense_list:
+        if al[r] and r not in seen:
+            seen.add(r)
+            candidates.append(r)
+    scored = []
+    for r in candidates:
+        d = 0.0 if q is None else _dot32(vecs[r].tolist(), q)
+        f = _f32(_f32(_f32(w32 * d) + _f32(omw32 * lex.get(r, 0.0))) + pr[r])
+        if math.isfinite(f):
+            scored.append((-f, r, d))
+    scored.sort()
+    top = scored[:max(k, 0)]
+    return (np.array([r for _, r, _ in top], np.int64), np.array([-f for f, _, _ in top], np.float32),
+            np.array([d for _, _, d in top], np.float32), np.array([lex.get(r, 0.0) for _, r, _ in top], np.float32))
+
+
 def encode_dropped(sources: Sequence[str], categories: Any, reasons: Any, scores: Any, tokens: Any,
                    kept_sources: Sequence[str]) -> bytes:
     """Wire bytes of BuildContextResponse.dropped entries, one per index (see "Wire encoding")."""

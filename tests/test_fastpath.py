@@ -274,6 +274,88 @@ def test_fused_top_k_check_inputs(impl):
     with pytest.raises(ValueError, match="half must be > 0"):
         impl.fused_top_k(one, one, one, np.ones(1, bool), 0.5, 0.0, 1)
 
+@FAST
+@given(st.data())
+def test_hybrid_top_k_match_reference(data):
+    """Postings that repeat rows and terms, dead rows, zero weights (a posting with no lexical
+    score), dense rows that are also lexical winners or dead, no query vector, dims that are not a
+    multiple of the 8 sum lanes, overflowing weights, and both lists cut short."""
+    n = data.draw(st.integers(0, 30))
+    dim = data.draw(st.integers(1, 19))
+    floats = st.sampled_from([0.0, 0.5, 1.0, -1.0]) | st.floats(-2, 2, width=32)
+    vectors = np.array(data.draw(st.lists(floats, min_size=n * dim, max_size=n * dim)), np.float32).reshape(n, dim)
+    query = (None if n == 0 or data.draw(st.booleans()) else
+             np.array(data.draw(st.lists(floats, min_size=dim, max_size=dim)), np.float32))
+    rows = st.integers(0, n - 1) if n else st.nothing()
+    n_terms = data.draw(st.integers(0, 4)) if n else 0
+    term_rows = [np.array(data.draw(st.lists(rows, max_size=12)), np.int64) for _ in range(n_terms)]
+    weights = st.sampled_from([0.0, 1.0, 2.5]) | st.floats(0, 50, width=32)
+    term_weights = [np.array(data.draw(st.lists(weights, min_size=len(r), max_size=len(r))), np.float32)
+                    for r in term_rows]
+    dense_rows = np.array(data.draw(st.lists(rows, max_size=10)) if n else [], np.int64)
+    prior = np.array(data.draw(st.lists(st.sampled_from([0.0, 0.1, 3e38]), min_size=n, max_size=n)), np.float32)
+    alive = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), bool)
+    w = data.draw(st.sampled_from([0.0, 0.55, 0.6, 1.0]))
+    half = data.draw(st.sampled_from([4.0, 0.5]))
+    k, lexical_k = data.draw(st.integers(-1, 12)), data.draw(st.integers(0, 12))
+    args = (term_rows, term_weights, dense_rows, vectors, query, prior, alive, w, half, k, lexical_k)
+    got, want = fastpath.hybrid_top_k(*args), ref.hybrid_top_k(*args)
+    assert same(got[0], want[0]) and all(same_floats(g, x) for g, x in zip(got[1:], want[1:], strict=True))
+    # And the rule in numpy terms: the raw sums (np.add.at), the two lists, the fusion.
+    raw = np.zeros(n, np.float32)
+    for r, x in zip(term_rows, term_weights, strict=True):
+        np.add.at(raw, r, x)
+    lex = raw / (raw + np.float32(half))
+    lexical = sorted((r for r in range(n) if alive[r] and lex[r] > 0), key=lambda r: (-lex[r], r))[:lexical_k]
+    candidates = set(lexical) | {r for r in dense_rows.tolist() if alive[r]}
+    dense = vectors @ query if query is not None else np.zeros(n, np.float32)
+    with np.errstate(all="ignore"):
+        fused = np.float32(w) * dense + np.float32(1.0 - w) * lex + prior
+    assert set(got[0].tolist()) <= candidates
+    assert np.allclose(got[2], dense[got[0]], atol=1e-5) and same_floats(got[3], lex[got[0]])
+    finite = [r for r in candidates if np.isfinite(fused[r])]
+    assert len(got[0]) == min(max(k, 0), len(finite))
+    if len(got[0]):  # best first, and nothing left out beats the last one kept
+        assert np.all(np.diff(got[1]) <= 0)
+        assert all(fused[r] <= got[1][-1] + 1e-5 for r in finite if r not in set(got[0].tolist()))
+
+
+def test_hybrid_top_k_dense_sums_in_fixed_lanes():
+    """The dense score's float32 sum order (element j into running sum j % 8, the sums then added
+    pairwise) is part of the contract. 2**24 + 1 rounds back to 2**24 in float32, so a vector of
+    ones with one 2**24 shows where each element was added: compiled and reference agree bit for
+    bit at every dim and position."""
+    for dim in range(1, 41):
+        for big in range(dim):
+            v = np.ones(dim, np.float32)
+            v[big] = 2.0 ** 24
+            args = ([], [], [0], v[None, :], np.ones(dim, np.float32), np.zeros(1, np.float32), np.ones(1, bool),
+                    1.0, 4.0, 1, 0)
+            assert same_floats(fastpath.hybrid_top_k(*args)[2], ref.hybrid_top_k(*args)[2]), (dim, big)
+
+
+@IMPLS
+def test_hybrid_top_k_check_inputs(impl):
+    vectors, alive, prior = np.zeros((3, 2), np.float32), np.ones(3, bool), np.zeros(3, np.float32)
+    rows, weights, q = [np.array([0, 2])], [np.ones(2, np.float32)], np.ones(2, np.float32)
+    with pytest.raises(ValueError, match=r"term_rows\[0\] holds row 3, outside 0-2"):
+        impl.hybrid_top_k([np.array([3])], [np.ones(1, np.float32)], [], vectors, q, prior, alive, 0.5, 4.0, 2, 2)
+    with pytest.raises(ValueError, match="dense_rows holds row -1"):
+        impl.hybrid_top_k(rows, weights, [-1], vectors, q, prior, alive, 0.5, 4.0, 2, 2)
+    with pytest.raises(ValueError, match=r"term_weights\[0\] must be >= 0"):
+        impl.hybrid_top_k(rows, [-np.ones(2, np.float32)], [], vectors, q, prior, alive, 0.5, 4.0, 2, 2)
+    with pytest.raises(ValueError, match=r"term_weights\[0\] must have length 2"):
+        impl.hybrid_top_k(rows, [np.ones(3, np.float32)], [], vectors, q, prior, alive, 0.5, 4.0, 2, 2)
+    with pytest.raises(ValueError, match="term_weights must have length 1"):
+        impl.hybrid_top_k(rows, [], [], vectors, q, prior, alive, 0.5, 4.0, 2, 2)
+    with pytest.raises(ValueError, match=r"vectors must have shape \(3, 3\)"):
+        impl.hybrid_top_k(rows, weights, [], vectors, np.ones(3, np.float32), prior, alive, 0.5, 4.0, 2, 2)
+    with pytest.raises(ValueError, match="prior must have length 3"):
+        impl.hybrid_top_k(rows, weights, [], vectors, q, np.zeros(2, np.float32), alive, 0.5, 4.0, 2, 2)
+    with pytest.raises(ValueError, match="half must be > 0"):
+        impl.hybrid_top_k(rows, weights, [], vectors, q, prior, alive, 0.5, 0.0, 2, 2)
+
+
 # --------------------------------------------------------------------------------------------------
 # Semantic rules (each checked on both implementations)
 # --------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ BM25_K1, BM25_B = 1.2, 0.75
 # Lexical scores are squashed as s / (s + LEXICAL_HALF) so that they stay comparable across
 # queries (an absolute threshold like "no knowledge matched" needs that).
 LEXICAL_HALF = 4.0
+NO_ROWS = np.zeros(0, np.int64)
 
 
 @dataclass(slots=True)
@@ -194,38 +195,29 @@ class HybridIndex:
         n_rows = len(self._keys)
         if not self._row_of or k <= 0:
             return []
-        raw = self._lexical(terms) if terms else np.zeros(n_rows, np.float32)
         alive = self._alive[:n_rows]
         w = self.dense_weight
         has_vector = vector is not None and bool(vector.any())
         if has_vector and self._hnsw is None:  # exact: every row has a dense score
+            raw = self._lexical(terms) if terms else np.zeros(n_rows, np.float32)
             dense_of = self._vectors[:n_rows] @ vector
             # Fuse, skip the dead and keep the best k in one compiled pass (a handful of numpy
             # temporaries of n rows otherwise).
             top, fused, lex = fastpath.fused_top_k(dense_of, raw, self._prior[:n_rows], alive, w, LEXICAL_HALF, k)
             return _hits(self._keys, top, fused, dense_of[top], lex, self._vectors[top])
-        if not has_vector:
-            dense_rows: list[int] = []
-        else:
+        # Graph path: two candidate lists, the graph index's 2k nearest rows and the 2k best lexical
+        # rows, fused and ranked in one compiled call (postings summed, no array of n rows built here).
+        dense_rows = NO_ROWS
+        if has_vector:
             want = min(k * 2, len(self._row_of))
             self._hnsw.set_ef(max(self._ef, want))
-            labels, _ = self._hnsw.knn_query(vector, k=want, num_threads=1)
-            dense_rows = labels[0].tolist()
-        # The lexical side's best rows in one compiled pass (the fusion with no dense weight and no
-        # prior is the squashed BM25 alone), instead of squashing, masking and partitioning all n rows.
-        zeros = np.zeros(n_rows, np.float32)
-        lex_top, _, lex_sq = fastpath.fused_top_k(zeros, raw, zeros, alive, 0.0, LEXICAL_HALF, k * 2)
-        # A few dozen rows: a set beats np.unique's sort of a concatenation.
-        rows = np.array(sorted(set(dense_rows).union(lex_top[lex_sq > 0].tolist())), np.int64)
-        rows = rows[alive[rows]]
-        if len(rows) == 0:
-            return []
-        picked = raw[rows]
-        lexical = picked / (picked + np.float32(LEXICAL_HALF))
-        dense = self._vectors[rows] @ vector if has_vector else np.zeros(len(rows), np.float32)
-        fused = w * dense + (1 - w) * lexical + self._prior[rows]
-        order = np.argsort(-fused, kind="stable")[:k]
-        return _hits(self._keys, rows[order], fused[order], dense[order], lexical[order], self._vectors[rows[order]])
+            # hnswlib labels are uint64 row numbers (< 2**63): the same bytes read as int64, no copy.
+            dense_rows = self._hnsw.knn_query(vector, k=want, num_threads=1)[0][0].view(np.int64)
+        postings = [p for p in map(self._weights, set(terms)) if p is not None]
+        top, fused, dense, lex = fastpath.hybrid_top_k(
+            [p[0] for p in postings], [p[1] for p in postings], dense_rows, self._vectors[:n_rows],
+            vector if has_vector else None, self._prior[:n_rows], alive, w, LEXICAL_HALF, k, k * 2)
+        return _hits(self._keys, top, fused, dense, lex, self._vectors[top])
 
 
 def _hits(keys: list[str | None], rows: np.ndarray, fused: np.ndarray, dense: np.ndarray,
