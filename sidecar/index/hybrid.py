@@ -19,6 +19,7 @@ BM25_K1, BM25_B = 1.2, 0.75
 # queries (an absolute threshold like "no knowledge matched" needs that).
 LEXICAL_HALF = 4.0
 NO_ROWS = np.zeros(0, np.int64)
+NO_SCORES = np.zeros(0, np.float32)
 
 
 @dataclass(slots=True)
@@ -192,9 +193,21 @@ class HybridIndex:
 
     def search(self, vector: np.ndarray | None, terms: Sequence[str], k: int) -> list[Hit]:
         """Top k rows by fused score: dense_weight * cosine + (1 - dense_weight) * squashed BM25 + prior."""
+        top, fused, dense, lex = self._top(vector, terms, k)
+        return _hits(self._keys, top, fused, dense, lex, self._vectors[top])
+
+    def ranked(self, vector: np.ndarray | None, terms: Sequence[str], k: int) -> tuple[list[str], list[float]]:
+        """The keys and fused scores of search(), best first, without a Hit object per row."""
+        top, fused, _, _ = self._top(vector, terms, k)
+        keys = self._keys
+        return [keys[r] for r in top.tolist()], fused.tolist()  # type: ignore[misc]  # live rows have keys
+
+    def _top(self, vector: np.ndarray | None, terms: Sequence[str],
+             k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, fused, dense, lexical) of the top k live rows, best first (ties by row)."""
         n_rows = len(self._keys)
         if not self._row_of or k <= 0:
-            return []
+            return NO_ROWS, NO_SCORES, NO_SCORES, NO_SCORES
         alive = self._alive[:n_rows]
         w = self.dense_weight
         has_vector = vector is not None and bool(vector.any())
@@ -204,7 +217,7 @@ class HybridIndex:
             # Fuse, skip the dead and keep the best k in one compiled pass (a handful of numpy
             # temporaries of n rows otherwise).
             top, fused, lex = fastpath.fused_top_k(dense_of, raw, self._prior[:n_rows], alive, w, LEXICAL_HALF, k)
-            return _hits(self._keys, top, fused, dense_of[top], lex, self._vectors[top])
+            return top, fused, dense_of[top], lex
         # Graph path: two candidate lists, the graph index's 2k nearest rows and the 2k best lexical
         # rows, fused and ranked in one compiled call (postings summed, no array of n rows built here).
         dense_rows = NO_ROWS
@@ -214,10 +227,9 @@ class HybridIndex:
             # hnswlib labels are uint64 row numbers (< 2**63): the same bytes read as int64, no copy.
             dense_rows = self._hnsw.knn_query(vector, k=want, num_threads=1)[0][0].view(np.int64)
         postings = [p for p in map(self._weights, set(terms)) if p is not None]
-        top, fused, dense, lex = fastpath.hybrid_top_k(
+        return fastpath.hybrid_top_k(
             [p[0] for p in postings], [p[1] for p in postings], dense_rows, self._vectors[:n_rows],
             vector if has_vector else None, self._prior[:n_rows], alive, w, LEXICAL_HALF, k, k * 2)
-        return _hits(self._keys, top, fused, dense, lex, self._vectors[top])
 
 
 def _hits(keys: list[str | None], rows: np.ndarray, fused: np.ndarray, dense: np.ndarray,

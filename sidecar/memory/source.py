@@ -19,7 +19,7 @@ from sidecar.assembly.candidates import (
 from sidecar.domain import Category, Memory, MemoryType
 from sidecar.memory.recall import AUTHORITY_BONUS, UserMemories
 from sidecar.memory.service import MemoryService, render_memory
-from sidecar.text import term_ids, terms
+from sidecar.text import query_terms, term_ids, terms
 
 TOP_K = 24
 MIN_RELEVANCE = 0.12
@@ -47,15 +47,20 @@ class MemorySource:
                       inp.query_embedding.shape == (self.memories.embedder.dim,)
                       else self.memories.embedder.embed([inp.query])[0] if inp.query else None)
             picked: dict[str, tuple[Memory, float]] = {}
-            for h in state.search(vector, inp.query, TOP_K, now_ms=now, include_expired=True):
-                m = h.memory
+            # The index's keys and scores, in the order UserMemories.search gives (score, then id),
+            # without a hit object per memory.
+            keys, scores = state.index.ranked(vector, query_terms(inp.query), TOP_K)
+            for key, score in sorted(zip(keys, scores, strict=True), key=_best_first):
+                m = state.active.get(key)
+                if m is None:
+                    continue
                 if m.expired(now):
                     batch.dropped.append(SourceDrop(f"memory:{m.memory_id}", SoftCategory.MEMORIES, DROP_EXPIRED,
                                                     m.tokens))
                 elif m.type == MemoryType.PREFERENCE:
-                    picked[m.memory_id] = (m, max(h.score, PREFERENCE_FLOOR + AUTHORITY_BONUS[m.authority]))
-                elif h.score >= MIN_RELEVANCE:
-                    picked[m.memory_id] = (m, h.score)
+                    picked[key] = (m, max(score, PREFERENCE_FLOOR + AUTHORITY_BONUS[m.authority]))
+                elif score >= MIN_RELEVANCE:
+                    picked[key] = (m, score)
             for m in state.top_preferences(MAX_PREFERENCES):
                 if m.memory_id not in picked and not m.expired(now):
                     picked[m.memory_id] = (m, PREFERENCE_FLOOR + AUTHORITY_BONUS[m.authority])
@@ -77,6 +82,10 @@ class MemorySource:
         batch.vectors = np.concatenate(vectors).reshape(len(vectors), -1)
         batch.meta = metas.__getitem__
         return [batch]
+
+
+def _best_first(hit: tuple[str, float]) -> tuple[float, str]:
+    return -hit[1], hit[0]
 
 
 class PreparedMemory(NamedTuple):
