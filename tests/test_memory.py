@@ -4,6 +4,7 @@ CRUD with history, isolation, forget-user, restart."""
 import random
 
 import grpc
+import pytest
 
 from sidecar.api import context_service_pb2 as pb
 from tests.grpc_assert import expect_status
@@ -232,6 +233,47 @@ def test_context_shows_a_memory_as_it_is_now(stub, scope, session_id):
     assert any("Datadog" in t for t in now) and not any("Grafana" in t for t in now)
     stub.DeleteMemory(pb.DeleteMemoryRequest(scope=scope, memory_id=add.memory.memory_id))
     assert not any("dashboard" in t for t in packed())
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["exact", "hnsw"])
+def test_memory_source_ranks_as_search_does(tmp_path, graph):
+    """BuildContext's memory source reads the index's keys and scores directly; what it proposes
+    (memories over the relevance floor, best first, ties by id) is what SearchMemories ranks."""
+    from sidecar.app import Sidecar
+    from sidecar.assembly.budget import DEFAULT_BUDGET
+    from sidecar.assembly.candidates import BuildInput
+    from sidecar.domain import MemoryType, Scope
+    from sidecar.memory.service import MemoryInput
+    from sidecar.memory.source import MIN_RELEVANCE, TOP_K, MemorySource
+    from sidecar.text import query_terms
+
+    app = Sidecar(str(tmp_path / "m.duckdb"))
+    try:
+        scope = Scope("t", "u")
+        sid = app.sessions.create(scope, "s", "", {}).session_id
+        services, envs = ["payment-api", "ledger-db", "auth-gateway", "search-api"], ["prod", "staging", "qa"]
+        for i in range(60):
+            app.memories.write(scope, MemoryInput(
+                MemoryType.SEMANTIC if i % 2 else MemoryType.EPISODE,
+                f"{services[i % 4]} in {envs[i % 3]} failed over to replica {i} after incident INC-{100 + i}"))
+        state = app.memories.user(scope)
+        if graph:
+            state.index.hnsw_threshold = 1
+            state.index._build_hnsw()
+        source = MemorySource(app.memories)
+        for query in ("payment-api prod incident", "ledger-db replica", "staging failover", "nothing relevant"):
+            inp = BuildInput(scope=scope, view=app.sessions.view(scope, sid), run_id="", query=query,
+                             query_terms=frozenset(query_terms(query)), query_embedding=None, roles=(),
+                             budget=DEFAULT_BUDGET, now_ms=2**40)
+            [b] = source.candidates(inp)
+            vector = app.memories.embedder.embed([query])[0]
+            want = [(f"memory:{h.memory.memory_id}", h.score)
+                    for h in state.search(vector, query, TOP_K, now_ms=2**40, include_expired=True)
+                    if h.score >= MIN_RELEVANCE]
+            assert list(zip(b.sources, b.relevance, strict=True)) == want, query
+            assert (state.index._hnsw is not None) == graph
+    finally:
+        app.close()
 
 
 def test_memory_candidates_carry_what_the_builder_would_compute(tmp_path):
