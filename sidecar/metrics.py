@@ -29,6 +29,12 @@ DROP_REASONS = {1: "over_budget", 2: "duplicate", 3: "low_score", 4: "acl", 5: "
 
 
 _children: dict[tuple, object] = {}
+# Off until serve_metrics(): with no port nobody can scrape, and recording costs BuildContext ~17 us.
+_enabled = False
+
+
+def enabled() -> bool:
+    return _enabled
 
 
 def _child(metric, *labels):
@@ -41,6 +47,8 @@ def _child(metric, *labels):
 
 
 def observe_build(result) -> None:
+    if not _enabled:
+        return
     for stage, micros in result.timings:
         _child(BUILD_STAGE, stage).observe(micros / 1e6)
     _child(TOKENS_PACKED, "hard").inc(result.hard_zone_tokens)
@@ -57,4 +65,6 @@ def bind_gauges(queue_depth: Callable[[], float], index_entries: dict[str, Calla
 
 
 def serve_metrics(port: int, addr: str = "127.0.0.1") -> None:
+    global _enabled
     start_http_server(port, addr=addr, registry=REGISTRY)
+    _enabled = True

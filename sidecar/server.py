@@ -115,8 +115,9 @@ class Guard:
                 raise Refusal(grpc.StatusCode.INTERNAL, f"internal error in {name}") from None
             finally:
                 elapsed = time.perf_counter() - started
-                (requests_ok if code == "OK" else metrics.RPC_REQUESTS.labels(name, code)).inc()
-                latency.observe(elapsed)
+                if metrics.enabled():
+                    (requests_ok if code == "OK" else metrics.RPC_REQUESTS.labels(name, code)).inc()
+                    latency.observe(elapsed)
                 if log.isEnabledFor(logging.DEBUG):  # never message content, only the shape of the call
                     log.debug("rpc method=%s code=%s ms=%.3f", name, code, elapsed * 1000)
 

@@ -87,3 +87,23 @@ def test_duckdb_memory_limit_reaches_the_store(tmp_path):
     finally:
         app.close()
     assert limit.endswith("MiB") and 55 <= float(limit.split()[0]) <= 64, limit
+
+
+def test_nothing_is_recorded_without_a_metrics_port(monkeypatch):
+    """With no port nobody can scrape, so BuildContext skips the bookkeeping; with one it records."""
+    from sidecar import metrics
+    from sidecar.assembly.builder import BuildResult
+
+    result = BuildResult(packed=[], usage=[], hard_zone_tokens=7, soft_zone_tokens=5, total_budget=100, dropped=[],
+                         drop_counts={1: 2}, stable_prefix_hash="", stable_prefix_tokens=0, knowledge_status=0,
+                         timings=[("render", 40)], debug=False)
+
+    def packed() -> float:
+        return metrics.REGISTRY.get_sample_value("sidecar_context_tokens_packed_total", {"zone": "hard"}) or 0.0
+
+    before = packed()
+    metrics.observe_build(result)
+    assert packed() == before and not metrics.enabled()
+    monkeypatch.setattr(metrics, "_enabled", True)
+    metrics.observe_build(result)
+    assert packed() == before + 7
