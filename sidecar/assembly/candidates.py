@@ -99,9 +99,9 @@ class CandidateBatch:
     bodies: Sequence[bytes] | None = None
     exact_keys: np.ndarray | None = None  # uint64; computed by the builder when None
     simhashes: np.ndarray | None = None
-    # Optional per-candidate embeddings and term ids (text.term_ids), for cross-source rules (see
-    # knowledge.source).
-    vectors: np.ndarray | None = None
+    # Optional per-candidate embeddings (a matrix, or a sequence of rows) and term ids
+    # (text.term_ids), for cross-source rules (see knowledge.source).
+    vectors: np.ndarray | Sequence[np.ndarray] | None = None
     term_ids: list[np.ndarray] | None = None
     dropped: list[SourceDrop] = field(default_factory=list)
     excluded: set[int] = field(default_factory=set)  # see exclude()

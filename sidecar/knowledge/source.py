@@ -204,7 +204,8 @@ def _vectors_of(knowledge: KnowledgeService, b: CandidateBatch, at: list[int]) -
     """The vectors the batch attached for these candidates; the missing ones embedded in one call."""
     if b.vectors is None:
         return knowledge.embedder.embed([_body(b.texts[i]) for i in at])
-    out = np.asarray(b.vectors[at], np.float32)
+    rows = b.vectors
+    out = np.array(rows[at] if isinstance(rows, np.ndarray) else [rows[i] for i in at], np.float32)
     missing = np.flatnonzero(~out.any(axis=1)).tolist()
     if missing:
         out[missing] = knowledge.embedder.embed([_body(b.texts[at[r]]) for r in missing])

@@ -3,6 +3,7 @@ The user's preferences always compete; other memories only when they match the q
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -74,12 +75,13 @@ class MemorySource:
             return [batch]
         texts, sources, tokens, term_arrays, bodies, metas, vectors, priority, updated, keys = zip(*rows, strict=True)
         batch.texts, batch.sources, batch.tokens, batch.priority = texts, sources, tokens, priority
-        batch.exact_keys, batch.simhashes = np.array(keys, np.uint64).reshape(len(keys), 2).T
+        # fromiter over the flattened pairs: np.array of a tuple of tuples inspects every element.
+        batch.exact_keys, batch.simhashes = np.fromiter(chain.from_iterable(keys), np.uint64,
+                                                        2 * len(keys)).reshape(len(keys), 2).T
         batch.term_ids, batch.bodies = list(term_arrays), bodies
         batch.relevance = [score for _, score in picked.values()]
         batch.age_s = [max(now - t, 0) / 1000.0 for t in updated]
-        # One copy of all the rows (np.stack would add an axis to each vector first).
-        batch.vectors = np.concatenate(vectors).reshape(len(vectors), -1)
+        batch.vectors = vectors  # the rows as indexed; only the knowledge resolver reads a few of them
         batch.meta = metas.__getitem__
         return [batch]
 
