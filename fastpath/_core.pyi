@@ -102,6 +102,22 @@ def hybrid_top_k(
     k: int,
     lexical_k: int,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+def arrange(
+    picked: npt.ArrayLike,
+    starts: npt.ArrayLike,
+    slots: npt.ArrayLike,
+    orders: Sequence[npt.ArrayLike | None],
+    scores: npt.ArrayLike,
+    tokens: npt.ArrayLike,
+    n_slots: int,
+) -> tuple[
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+]: ...
 def encode_dropped(
     sources: Sequence[str],
     categories: npt.ArrayLike,

@@ -6,7 +6,7 @@ validate and convert inputs, then hand raw contiguous buffers to nogil kernels (
 _core.pxd so other Cython modules can cimport them).
 """
 
-from libc.math cimport exp, isinf, isnan, sqrt
+from libc.math cimport NAN, exp, isinf, isnan, sqrt
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset
@@ -1485,6 +1485,109 @@ cdef int _check_rows(str name, cnp.ndarray rows, Py_ssize_t n) except -1:
         if p[j] < 0 or p[j] >= n:
             raise ValueError(f"{name} holds row {p[j]}, outside 0-{n - 1}")
     return 0
+
+
+def arrange(picked, starts, slots, orders, scores, tokens, Py_ssize_t n_slots):
+    """Where the packed candidates go and in what order; see fastpath.reference.arrange."""
+    cdef cnp.ndarray pk = _arr("picked", picked, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    cdef cnp.ndarray st = _arr("starts", starts, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    cdef Py_ssize_t nb = cnp.PyArray_DIM(st, 0), m = cnp.PyArray_DIM(pk, 0)
+    cdef cnp.ndarray sl = _arr("slots", slots, cnp.NPY_INT64, np.int64, _INT_KINDS, nb)
+    cdef cnp.ndarray sc = _arr("scores", scores, cnp.NPY_FLOAT64, np.float64, _FLOAT_KINDS, -1)
+    cdef Py_ssize_t n = cnp.PyArray_DIM(sc, 0)
+    cdef cnp.ndarray tk = _arr("tokens", tokens, cnp.NPY_INT32, np.int32, _INT_KINDS, n)
+    if len(orders) != nb:
+        raise ValueError(f"orders must have length {nb}, got {len(orders)}")
+    if n_slots < 0:
+        raise ValueError(f"n_slots must be >= 0, got {n_slots}")
+    cdef const int64_t* pst = <const int64_t*>_ptr(st)
+    cdef const int64_t* psl = <const int64_t*>_ptr(sl)
+    cdef Py_ssize_t b, j, g, lo, hi, s, size
+    for b in range(nb):
+        if pst[b] < (0 if b == 0 else pst[b - 1]) or pst[b] > n or (b == 0 and pst[0] != 0):
+            raise ValueError("starts must rise from 0 and stay within the candidates")
+        if psl[b] < 0 or psl[b] >= n_slots:
+            raise ValueError(f"slots[{b}] is {psl[b]}, outside 0-{n_slots - 1}")
+    cdef list keyed = [None] * nb  # each batch's order keys as float64, or None
+    cdef const double** pord = <const double**>malloc(nb * sizeof(double*) + 1)
+    if pord == NULL:
+        raise MemoryError()
+    cdef cnp.ndarray ks = _empty(m, cnp.NPY_INT64), js = _empty(m, cnp.NPY_INT64)
+    cdef cnp.ndarray keys = _empty(m, cnp.NPY_FLOAT64), rank = _empty(m, cnp.NPY_INT64)
+    cdef cnp.ndarray bounds = _empty(n_slots + 1, cnp.NPY_INT64), slot_tokens = _empty(n_slots, cnp.NPY_INT64)
+    cdef int64_t* pks = <int64_t*>_ptr(ks)
+    cdef int64_t* pjs = <int64_t*>_ptr(js)
+    cdef double* pkey = <double*>_ptr(keys)
+    cdef int64_t* prank = <int64_t*>_ptr(rank)
+    cdef int64_t* pb = <int64_t*>_ptr(bounds)
+    cdef int64_t* pslot_tok = <int64_t*>_ptr(slot_tokens)
+    cdef const int64_t* ppk = <const int64_t*>_ptr(pk)
+    cdef const double* psc = <const double*>_ptr(sc)
+    cdef const int32_t* ptk = <const int32_t*>_ptr(tk)
+    cdef int64_t* grouped = <int64_t*>malloc(m * sizeof(int64_t) + 1)
+    cdef int64_t* sub = <int64_t*>malloc(m * sizeof(int64_t) + 1)
+    cdef double* neg = <double*>malloc(m * sizeof(double) + 1)
+    cdef ScoreIdx* scratch = <ScoreIdx*>malloc((2 * m + 1) * sizeof(ScoreIdx))
+    cdef double x
+    cdef int rc = 0
+    try:
+        if grouped == NULL or sub == NULL or neg == NULL or scratch == NULL:
+            raise MemoryError()
+        for b in range(nb):
+            size = (pst[b + 1] if b + 1 < nb else n) - pst[b]
+            pord[b] = NULL
+            if orders[b] is not None:
+                keyed[b] = _arr(f"orders[{b}]", orders[b], cnp.NPY_FLOAT64, np.float64, _FLOAT_KINDS, size)
+                pord[b] = <const double*>_ptr(<cnp.ndarray>keyed[b])
+        for j in range(m):
+            if ppk[j] < 0 or ppk[j] >= n:
+                raise ValueError(f"picked holds {ppk[j]}, outside 0-{n - 1}")
+        with nogil:
+            for s in range(n_slots + 1):
+                pb[s] = 0
+            for s in range(n_slots):
+                pslot_tok[s] = 0
+            for j in range(m):
+                g = ppk[j]
+                lo, hi = 0, nb  # the last batch starting at or before g
+                while hi - lo > 1:
+                    b = (lo + hi) // 2
+                    if pst[b] <= g:
+                        lo = b
+                    else:
+                        hi = b
+                b = lo
+                pks[j], pjs[j] = b, g - pst[b]
+                x = pord[b][g - pst[b]] if pord[b] != NULL else NAN
+                pkey[j] = -psc[g] if isnan(x) else x
+                pb[psl[b] + 1] += 1
+                pslot_tok[psl[b]] += ptk[g]
+            for s in range(n_slots):
+                pb[s + 1] += pb[s]
+            # Group the picks by slot (stable), then order each slot by key ascending, ties in
+            # selection order: the ranking kernel on negated keys (score descending, index ascending).
+            for s in range(n_slots):
+                size = 0
+                for j in range(m):
+                    if psl[pks[j]] == s:
+                        sub[size] = j
+                        neg[size] = -pkey[j]
+                        size += 1
+                if size:
+                    rc = order_kernel(size, neg, grouped, scratch)
+                    if rc != 0:
+                        break
+                    for j in range(size):
+                        prank[pb[s] + j] = sub[grouped[j]]
+        if rc != 0:
+            raise ValueError("scores must not contain NaN")
+        return ks, js, keys, rank, bounds, slot_tokens
+    finally:
+        free(pord)
+        free(grouped)
+        free(sub)
+        free(neg)
+        free(scratch)
 
 
 def encode_dropped(sources, categories, reasons, scores, tokens, kept_sources):

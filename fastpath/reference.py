@@ -635,6 +635,61 @@ def hybrid_top_k(term_rows: Sequence[Any], term_weights: Sequence[Any], dense_ro
             np.array([d for _, _, d in top], np.float32), np.array([lex.get(r, 0.0) for _, r, _ in top], np.float32))
 
 
+def arrange(picked: Any, starts: Any, slots: Any, orders: Sequence[Any], scores: Any, tokens: Any,
+            n_slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Where the packed candidates go and in what order.
+
+    The candidates come in batches: batch b holds the global indices starts[b] up to the next
+    start (the last up to len(scores)); starts rise from 0. picked lists the packed ones (global
+    indices, in selection order); slots[b] is batch b's section slot (0..n_slots-1); orders[b] is
+    None or the batch's order keys inside its section (float64, NaN: none). A pick's key is its
+    batch's order key, or -score when it has none (best first). Returns int64 / float64 arrays:
+    (batch[m], index in the batch[m], key[m], rank[m]: the picks by slot, then key ascending, ties in
+    selection order; bounds[n_slots + 1]: rank[bounds[s]:bounds[s + 1]] are slot s's picks;
+    slot_tokens[n_slots]: tokens[pick] summed per slot)."""
+    pk = _array("picked", picked, np.int64, _INT_KINDS).tolist()
+    st = _array("starts", starts, np.int64, _INT_KINDS).tolist()
+    nb = len(st)
+    sl = _array("slots", slots, np.int64, _INT_KINDS, nb).tolist()
+    sc = _array("scores", scores, np.float64, _FLOAT_KINDS).tolist()
+    n = len(sc)
+    tk = _array("tokens", tokens, np.int32, _INT_KINDS, n).tolist()
+    if len(orders) != nb:
+        raise ValueError(f"orders must have length {nb}, got {len(orders)}")
+    if n_slots < 0:
+        raise ValueError(f"n_slots must be >= 0, got {n_slots}")
+    for b in range(nb):
+        if st[b] < (0 if b == 0 else st[b - 1]) or st[b] > n or (b == 0 and st[0] != 0):
+            raise ValueError("starts must rise from 0 and stay within the candidates")
+        if not 0 <= sl[b] < n_slots:
+            raise ValueError(f"slots[{b}] is {sl[b]}, outside 0-{n_slots - 1}")
+    ends = [*st[1:], n]
+    keyed = [None if orders[b] is None else
+             _array(f"orders[{b}]", orders[b], np.float64, _FLOAT_KINDS, ends[b] - st[b]).tolist() for b in range(nb)]
+    for g in pk:
+        if not 0 <= g < n:
+            raise ValueError(f"picked holds {g}, outside 0-{n - 1}")
+    owner = [max(b for b in range(nb) if st[b] <= g) for g in pk]
+    index = [g - st[b] for g, b in zip(pk, owner, strict=True)]
+    keys = []
+    for g, b, j in zip(pk, owner, index, strict=True):
+        x = math.nan if keyed[b] is None else keyed[b][j]
+        keys.append(-sc[g] if math.isnan(x) else x)
+    if any(math.isnan(k) for k in keys):
+        raise ValueError("scores must not contain NaN")
+    rank = sorted(range(len(pk)), key=lambda p: (sl[owner[p]], keys[p], p))
+    counts = [0] * n_slots
+    slot_tokens = [0] * n_slots
+    for g, b in zip(pk, owner, strict=True):
+        counts[sl[b]] += 1
+        slot_tokens[sl[b]] += tk[g]
+    bounds = [0]
+    for c in counts:
+        bounds.append(bounds[-1] + c)
+    return (np.array(owner, np.int64), np.array(index, np.int64), np.array(keys, np.float64),
+            np.array(rank, np.int64), np.array(bounds, np.int64), np.array(slot_tokens, np.int64))
+
+
 def encode_dropped(sources: Sequence[str], categories: Any, reasons: Any, scores: Any, tokens: Any,
                    kept_sources: Sequence[str]) -> bytes:
     """Wire bytes of BuildContextResponse.dropped entries, one per index (see "Wire encoding")."""

@@ -356,6 +356,55 @@ def test_hybrid_top_k_check_inputs(impl):
         impl.hybrid_top_k(rows, weights, [], vectors, q, prior, alive, 0.5, 0.0, 2, 2)
 
 
+@FAST
+@given(st.data())
+def test_arrange_match_reference(data):
+    """Batches of any size (empty ones too), with and without order keys (NaN: none), equal keys
+    and equal scores (ties keep selection order), -0.0 against 0.0, infinite keys, slots shared
+    by several batches or left empty."""
+    sizes = data.draw(st.lists(st.integers(0, 6), min_size=1, max_size=5))
+    n = sum(sizes)
+    starts = np.array([0, *np.cumsum(sizes)[:-1]], np.int64)
+    n_slots = data.draw(st.integers(1, 4))
+    slots = np.array(data.draw(st.lists(st.integers(0, n_slots - 1), min_size=len(sizes), max_size=len(sizes))), np.int64)
+    keys = st.sampled_from([0.0, -0.0, 1.0, 2.0, math.nan, math.inf, -math.inf]) | st.floats(-5, 5)
+    orders = [None if data.draw(st.booleans()) else np.array(data.draw(st.lists(keys, min_size=k, max_size=k)))
+              for k in sizes]
+    scores = np.array(data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0]) | st.floats(-3, 3), min_size=n, max_size=n)))
+    tokens = np.array(data.draw(st.lists(st.integers(0, 500), min_size=n, max_size=n)), np.int32)
+    picked = np.array(data.draw(st.permutations(range(n)))[:data.draw(st.integers(0, n))], np.int64)
+    args = (picked, starts, slots, orders, scores, tokens, n_slots)
+    got, want = fastpath.arrange(*args), ref.arrange(*args)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and same_floats(g, w) if g.dtype.kind == "f" else same(g, w)
+    owner, index, key, rank, bounds, slot_tokens = got
+    # And in numpy terms: owners, keys, slot grouping and order, token sums.
+    assert (starts[owner] + index).tolist() == picked.tolist()
+    for s in range(n_slots):
+        members = rank[bounds[s]:bounds[s + 1]].tolist()
+        assert all(slots[owner[p]] == s for p in members)
+        assert members == sorted(members, key=lambda p: (key[p], p))
+        assert slot_tokens[s] == sum(int(tokens[picked[p]]) for p in members)
+    assert sorted(rank.tolist()) == list(range(len(picked)))
+
+
+@IMPLS
+def test_arrange_check_inputs(impl):
+    one, scores, tokens = np.zeros(1, np.int64), np.ones(3), np.ones(3, np.int32)
+    with pytest.raises(ValueError, match="picked holds 3, outside 0-2"):
+        impl.arrange(np.array([3]), one, one, [None], scores, tokens, 1)
+    with pytest.raises(ValueError, match="starts must rise from 0"):
+        impl.arrange(one, np.array([1]), one, [None], scores, tokens, 1)
+    with pytest.raises(ValueError, match=r"slots\[0\] is 2, outside 0-1"):
+        impl.arrange(one, one, np.array([2]), [None], scores, tokens, 2)
+    with pytest.raises(ValueError, match="orders must have length 1"):
+        impl.arrange(one, one, one, [], scores, tokens, 1)
+    with pytest.raises(ValueError, match=r"orders\[0\] must have length 3"):
+        impl.arrange(one, one, one, [np.zeros(2)], scores, tokens, 1)
+    with pytest.raises(ValueError, match="scores must not contain NaN"):
+        impl.arrange(one, one, one, [None], np.array([math.nan, 1.0, 1.0]), tokens, 1)
+
+
 # --------------------------------------------------------------------------------------------------
 # Semantic rules (each checked on both implementations)
 # --------------------------------------------------------------------------------------------------

@@ -370,44 +370,38 @@ def _owners(starts: np.ndarray, indices: np.ndarray) -> tuple[list[int], list[in
 
 def _pack_sections(live: list[CandidateBatch], sel: fastpath.Selection, starts: np.ndarray,
                    tokens: np.ndarray) -> list[PackedSection]:
-    """Packed items straight to wire bytes, each section in render order. Owners, sections and the
-    order inside a section are worked out in numpy; per item, Python only picks the bytes (made once
+    """Packed items straight to wire bytes, each section in render order. Owners, sections, the order
+    inside a section (the source's order key where it gave one, else best score first) and the
+    tokens per section come from one compiled call; per item, Python only picks the bytes (made once
     by sources that keep them, e.g. recent messages) or encodes them."""
     picked = sel.selected_in_order
-    k_of = np.searchsorted(starts, picked, side="right") - 1
-    ks, js = k_of.tolist(), (picked - starts[k_of]).tolist()
+    ks, js, keys, rank, bounds, slot_tokens = fastpath.arrange(
+        picked, starts, [_SECTION_SLOT[b.section] for b in live], [b.order for b in live], sel.scores, tokens,
+        len(SOFT_SECTIONS))
+    ks_l, js_l = ks.tolist(), js.tolist()
+    score_list, token_list = sel.scores[picked].tolist(), tokens[picked].tolist()
     held = [b.bodies for b in live]
-    section = np.array([_SECTION_SLOT[b.section] for b in live], np.int64)[k_of]
-    scores, item_tokens = sel.scores[picked], tokens[picked]
-    # Order inside a section: the source's order key where it gave one, else best score first.
-    orders = (np.concatenate([np.asarray(b.order, np.float64) if b.order is not None else np.full(len(b), np.nan)
-                              for b in live]) if live else np.zeros(0))[picked]
-    keys = np.where(np.isnan(orders), -scores, orders)
-    score_list, token_list = scores.tolist(), item_tokens.tolist()
     if all(h is not None for h in held):  # every source kept its items' bytes
-        bodies = [held[k][j] for k, j in zip(ks, js, strict=True)]
+        bodies = [held[k][j] for k, j in zip(ks_l, js_l, strict=True)]
     else:
         bodies = []
         add = bodies.append
         encode = fastpath.encode_item
-        for n, k in enumerate(ks):
-            j = js[n]
+        for n, k in enumerate(ks_l):
+            j = js_l[n]
             if held[k] is not None:
                 add(held[k][j])
                 continue
             b = live[k]
-            role, ts, order_key, message_ids = _meta(b, j)
-            keys[n] = -score_list[n] if order_key is None else order_key
+            role, ts, _, message_ids = _meta(b, j)
             add(encode(b.sources[j], SOFT_WIRE[b.category], token_list[n], b.texts[j], role, ts, message_ids))
-    order = np.lexsort((keys, section))  # stable: ties keep the ranking order
-    bounds = np.searchsorted(section[order], np.arange(len(SOFT_SECTIONS) + 1)).tolist()
-    rows = order.tolist()
+    rows = rank.tolist()
     in_order = [bodies[n] for n in rows]
-    ordered_scores = scores[order].tolist()
-    per_section = np.bincount(section, weights=item_tokens, minlength=len(SOFT_SECTIONS)).astype(np.int64).tolist()
-    picks = _Picks(live, ks, js, score_list, token_list, keys.tolist())
-    return [PackedSection(kind, per_section[s], in_order[bounds[s]:bounds[s + 1]],
-                          ordered_scores[bounds[s]:bounds[s + 1]], partial(picks.items, rows[bounds[s]:bounds[s + 1]]))
+    ordered_scores = [score_list[n] for n in rows]
+    cut, per_section = bounds.tolist(), slot_tokens.tolist()
+    picks = _Picks(live, ks_l, js_l, score_list, token_list, keys.tolist())
+    return [PackedSection(kind, per_section[s], in_order[cut[s]:cut[s + 1]], ordered_scores[cut[s]:cut[s + 1]],
+                          partial(picks.items, rows[cut[s]:cut[s + 1]]))
             for s, kind in enumerate(SOFT_SECTIONS)]
 
 

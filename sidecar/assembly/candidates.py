@@ -91,11 +91,12 @@ class CandidateBatch:
     # Per-item metadata, asked only for the items that are packed: (proto Role or 0, timestamp_ms,
     # order key inside the section or None for best-score-first, message ids the item stands for).
     meta: Callable[[int], ItemMeta] | None = None
-    # Fast path for sources that keep them precomputed (messages, memories, knowledge chunks): each
-    # candidate's ContextItem wire bytes (fastpath.encode_item, no score) and its order key inside
-    # its section (None: best score first). With bodies set the builder calls meta only for callers
-    # that ask for Item objects.
+    # Each candidate's order key inside its section (None, or NaN for one item: best score first);
+    # the builder orders by these, so a source whose meta gives order keys sets the same ones here.
     order: Sequence[float] | np.ndarray | None = None
+    # Fast path for sources that keep them precomputed (messages, memories, knowledge chunks): each
+    # candidate's ContextItem wire bytes (fastpath.encode_item, no score). With bodies set the
+    # builder calls meta only for callers that ask for Item objects.
     bodies: Sequence[bytes] | None = None
     exact_keys: np.ndarray | None = None  # uint64; computed by the builder when None
     simhashes: np.ndarray | None = None

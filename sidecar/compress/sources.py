@@ -103,6 +103,7 @@ class ToolObservationSource:
         batch.texts, batch.sources, batch.tokens, batch.priority = texts, sources, toks, prio
         batch.relevance, batch.age_s = [0.0] * n, [0.0] * n
         batch.meta = metas.__getitem__
+        batch.order = [m[2] for m in metas]
         return [batch]
 
 
