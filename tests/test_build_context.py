@@ -199,3 +199,19 @@ def test_memoised_query_terms_equal_the_computed_ones(queries):
     text._QUERY_TERMS.update({f"filler{i}": () for i in range(text._QUERY_TERMS_MAX - len(text._QUERY_TERMS))})
     assert text.query_terms("never seen: restarts") == ("never", "seen", "restart")  # full: cleared, then kept
     assert list(text._QUERY_TERMS) == ["never seen: restarts"]
+
+
+def test_dropped_list_is_the_most_relevant_first_and_counts_all(stub, scope, session_id):
+    """max_dropped cuts the list of dropped items after the highest-scored ones (best first, the
+    cut list a prefix of the whole one); dropped_counts counts every drop, listed or not."""
+    _append(stub, scope, session_id, *[f"turn {i}: payment-api shard {i} latency {i * 7} ms" for i in range(60)])
+    _append(stub, scope, session_id, *["same line again"] * 4)
+    budget = pb.Budget(recent_messages=150)
+    full = _build(stub, scope, session_id, query="shard latency", budget=budget, max_dropped=100000)
+    cut = _build(stub, scope, session_id, query="shard latency", budget=budget, max_dropped=5)
+    scored = [(d.source, d.score) for d in full.dropped]
+    assert len(scored) >= 8
+    assert [s for _, s in scored] == sorted((s for _, s in scored), reverse=True)
+    assert [(d.source, d.score) for d in cut.dropped] == scored[:5]
+    assert sum(c.count for c in cut.dropped_counts) == sum(c.count for c in full.dropped_counts) == len(full.dropped)
+    assert any(d.reason == pb.DROP_REASON_DUPLICATE for d in full.dropped)

@@ -430,10 +430,12 @@ def _drops(live: list[CandidateBatch], batches: list[CandidateBatch], sel: fastp
            tokens: np.ndarray, max_dropped: int) -> tuple[list[Dropped], dict[int, int]]:
     """Every drop is counted; the highest-scored are listed (the long tail is usually noise)."""
     status = sel.status
-    not_selected = np.flatnonzero(status > fastpath.SELECTED)  # EXCLUDED ones are the sources' to report
-    by_code = np.bincount(status[not_selected], minlength=len(_STATUS_TO_DROP) + 1).tolist()
+    # The ranking already orders every candidate best first (ties by index): the dropped ones in it
+    # are the list, highest score first. EXCLUDED ones are the sources' to report.
+    ranked = sel.order[status[sel.order] > fastpath.SELECTED]
+    by_code = np.bincount(status[ranked], minlength=len(_STATUS_TO_DROP) + 1).tolist()
     counts = {reason: by_code[code] for code, reason in _STATUS_TO_DROP.items() if by_code[code]}
-    listed = not_selected[np.argsort(-sel.scores[not_selected], kind="stable")[:max_dropped]]
+    listed = ranked[:max_dropped]
     dup_of = sel.dup_of[listed].tolist()
     reasons = [_STATUS_TO_DROP[s] for s in status[listed].tolist()]
     kept_by = {}
