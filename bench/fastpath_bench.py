@@ -122,6 +122,37 @@ def greedy_vs_optimum(fp: ModuleType, rng: random.Random, instances: int = 200, 
     return statistics.fmean(ratios)
 
 
+def make_hybrid(rng: np.random.Generator, n: int = 10_000, dim: int = EMBED_DIM, k: int = 24) -> tuple:
+    """A graph-searched hybrid index's inputs, shaped like the memory bench's: n rows, five query
+    terms with postings over 4-27 % of the rows, the graph's 2k nearest rows."""
+    vectors = rng.standard_normal((n, dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    rows = [np.sort(rng.choice(n, size=int(n * share), replace=False)).astype(np.int64)
+            for share in (0.04, 0.11, 0.13, 0.27)]
+    weights = [rng.uniform(0.2, 6.0, len(r)).astype(np.float32) for r in rows]
+    dense_rows = rng.choice(n, size=2 * k, replace=False).astype(np.int64)
+    prior = np.where(rng.random(n) < 0.1, 0.05, 0.0).astype(np.float32)
+    return rows, weights, dense_rows, vectors, vectors[0].copy(), prior, rng.random(n) > 0.02, 0.6, 4.0, k, 2 * k
+
+
+def numpy_hybrid_top_k(rows, weights, dense_rows, vectors, query, prior, alive, w, half, k, lexical_k):
+    """The baseline: the same two-list fusion written with numpy over all n rows (what the index did
+    before fastpath.hybrid_top_k)."""
+    raw = np.zeros(len(alive), np.float32)
+    for r, x in zip(rows, weights, strict=True):
+        raw[r] += x
+    lex_all = raw / (raw + np.float32(half))
+    masked = np.where(alive & (lex_all > 0), lex_all, -1.0)
+    lex_top = np.argpartition(-masked, lexical_k)[:lexical_k]
+    lex_top = lex_top[masked[lex_top] > 0]
+    cand = np.array(sorted(set(dense_rows.tolist()).union(lex_top.tolist())), np.int64)
+    cand = cand[alive[cand]]
+    dense = vectors[cand] @ query
+    fused = w * dense + (1 - w) * lex_all[cand] + prior[cand]
+    order = np.argsort(-fused, kind="stable")[:k]
+    return cand[order], fused[order]
+
+
 def measure(quick: bool) -> dict[str, Any]:
     fp, ref = _fastpath()
     rng = random.Random(20240611)
@@ -142,7 +173,21 @@ def measure(quick: bool) -> dict[str, Any]:
     agree = agree and np.array_equal(fp.hash_embed(texts, EMBED_DIM).view(np.uint32),
                                      ref.hash_embed(texts, EMBED_DIM).view(np.uint32))
 
+    hybrid = make_hybrid(np.random.default_rng(7))
+    hy_fast = median_us(lambda: fp.hybrid_top_k(*hybrid), reps=50 if quick else 300, inner=10)
+    hy_numpy = median_us(lambda: numpy_hybrid_top_k(*hybrid), reps=50 if quick else 300, inner=3)
+    hy_ref = median_us(lambda: ref.hybrid_top_k(*hybrid), reps=2 if quick else 5)
+    got, want = fp.hybrid_top_k(*hybrid), ref.hybrid_top_k(*hybrid)
+    agree = agree and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    same_rows = got[0].tolist() == numpy_hybrid_top_k(*hybrid)[0].tolist()
+
     return {
+        "hybrid_top_k_rows": len(hybrid[6]),
+        "hybrid_top_k_fast_us": round(hy_fast, 1),
+        "hybrid_top_k_numpy_us": round(hy_numpy, 1),
+        "hybrid_top_k_reference_us": round(hy_ref, 1),
+        "hybrid_top_k_vs_numpy": round(hy_numpy / hy_fast, 1),
+        "hybrid_top_k_same_rows_as_numpy": same_rows,
         "n_candidates": N_CANDIDATES,
         "selected": int(len(fast_sel.selected_in_order)),
         "duplicates": int((fast_sel.status == fp.DUPLICATE).sum()),
@@ -175,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
           f"x{r['text_keys_speedup']}")
     print(f"hash_embed (dim {EMBED_DIM}): compiled {r['embed_fast_us']:.0f} us, "
           f"reference {r['embed_reference_us']:.0f} us, x{r['embed_speedup']}")
+    print(f"hybrid_top_k ({r['hybrid_top_k_rows']} rows, graph path): compiled {r['hybrid_top_k_fast_us']:.0f} us, "
+          f"numpy baseline {r['hybrid_top_k_numpy_us']:.0f} us (x{r['hybrid_top_k_vs_numpy']}, same rows: "
+          f"{r['hybrid_top_k_same_rows_as_numpy']}), reference {r['hybrid_top_k_reference_us']:.0f} us")
     print(f"greedy / optimum (200 x 40 items): {r['greedy_vs_optimum']:.3f}; "
           f"compiled == reference: {r['agree']}; {time.perf_counter() - t0:.1f} s")
     print(json.dumps(r))
