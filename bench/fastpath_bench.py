@@ -1,6 +1,6 @@
 """Bench the compiled fastpath against its plain-Python reference.
 
-    python bench/fastpath.py [--quick]
+    python bench/fastpath_bench.py [--quick]
 
 Prints a short summary, then the figures as one JSON object on the last line. ``measure(quick)``
 returns the same dict for other harnesses.
