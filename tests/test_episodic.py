@@ -222,6 +222,36 @@ def test_compaction_equals_an_index_built_from_the_kept_turns(dated):
     assert len(small) == n + 9 and small.nbr[n, 4] == n + 1
 
 
+def test_contextual_vectors_embed_a_turn_with_its_previous_turn_and_survive_compaction():
+    """With context=1 each turn's second vector embeds its previous same-session turn and itself (a
+    session's first turn alone); a compaction keeps them; without context no second vector is held."""
+    turns = _turns(4, 5)
+    state = _UserIndex(dim=64, window=4, dated=False, context=1, context_chars=400)
+    state.add(turns[:7], None, True)
+    state.add(turns[7:], None, True)  # the previous turn may come from an earlier add
+    expect = [state.texts[i] if state.position[i] == 0 else f"{state.texts[i - 1]}\n{state.texts[i]}"
+              for i in range(len(state))]
+    assert np.allclose(state.ctx_vectors[:len(state)], fastpath.hash_embed(expect, 64))
+    small = state.compacted(5)
+    assert small.context == 1 and np.array_equal(small.ctx_vectors[:len(small)], state.ctx_vectors[5:len(state)])
+    plain = _UserIndex(dim=64, window=4, dated=False)
+    plain.add(turns, None, True)
+    assert plain.ctx_vectors.shape[1] == 0
+
+
+def test_the_embedded_query_can_leave_the_speakers_names_out():
+    from dataclasses import replace
+
+    from sidecar.memory.episodic import _dense_query
+
+    state = _UserIndex(dim=64, window=4, dated=False)
+    state.add(_turns(1, 2), None, True)
+    r = replace(DEFAULT_RANKING, dense_query_names=False)
+    assert _dense_query("What did Ann's dog and bob eat?", state, r) == "What did dog and eat?"
+    assert _dense_query("Ann?", state, r) == "Ann?"  # nothing left: the query as asked
+    assert _dense_query("What did Ann's dog eat?", state, DEFAULT_RANKING) == "What did Ann's dog eat?"
+
+
 def test_compaction_inside_a_session_cuts_its_neighbours():
     turns = _turns(2, 9)
     full = _UserIndex(dim=64, window=4, dated=False)

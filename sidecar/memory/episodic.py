@@ -16,7 +16,9 @@ session opens with the news since the last one), for a turn in the first person 
 tells of its speaker) over one in the second ("you"), and for a turn naming someone or something
 that is no speaker (a capitalised word inside a sentence). Terms are stemmed with irregular forms
 ("went" -> go) and a dropped final "e" ("hike"/"hiking"). Packed turns read "Ann: text"; their date is one
-"[8 May 2023]" item per day, packed ahead of that day's turns. Measured on LoCoMo (tuned on
+"[8 May 2023]" item per day, packed ahead of that day's turns. With a model embedder (MODEL_RANKING) each
+turn is also embedded together with its previous turn (an answer carries its question) and the query is
+embedded without the speakers' names. Measured on LoCoMo (tuned on
 conversations 1-5; bench/recall.py --offline compares knobs in seconds): about 0.8 ms per query over a
 ~600-turn user."""
 
@@ -92,6 +94,14 @@ class Ranking:
     diversity: float = 0.0  # the j-th best turn of a session is divided by 1 + diversity * j
     opener_boost: float = 0.4  # the k-th turn of a session: * (1 + opener_boost * opener_decay ** k)
     opener_decay: float = 0.3
+    # Contextual vectors (an embedder's cosine only): each turn is also embedded together with its
+    # embed_context previous same-session turns (each cut to its last embed_context_chars characters),
+    # so an answer ("Yes, pottery!") carries its question; the dense part is context_mix * that cosine
+    # + (1 - context_mix) * the turn's own. 0: the turn alone (no second vector is kept).
+    embed_context: int = 0
+    embed_context_chars: int = 400
+    context_mix: float = 0.5
+    dense_query_names: bool = True  # False: the speakers' names are left out of the query that is embedded
     candidate_factor: float = 1.6  # return turns worth this multiple of the category budget
     max_candidates: int = 600
 
@@ -101,10 +111,18 @@ DEFAULT_RANKING = Ranking()
 # share than the hashed one's. Tuned on LoCoMo conversations 1-5 (bench/recall.py --profile model):
 # 0.2 -> 0.5 added +1.0 / +0.7 points at 2k / 4k there and +1.1 / +1.1 on conversations 6-10;
 # 0.4 and 0.6 were lower, 0.7 and 1.0 (dense alone) much lower.
-# Its neighbour decay and association expansion stay as they were measured with it (not re-tuned).
-# The voice and proper-noun priors were measured with the hashed embedder only, so they stay off here.
-MODEL_RANKING = replace(DEFAULT_RANKING, dense_weight=0.5, prev_decay=0.7, next_decay=0.7, assoc_terms=0,
-                        self_boost=0.0, other_penalty=0.0, proper_boost=0.0)
+# Re-tuned (conversations 1-5 at 2k / 4k, then read on 6-10): the turn's cosine fused half and half
+# with the cosine of the turn embedded with its previous turn, in place of smoothing the cosine over
+# the neighbours; the query embedded without the speakers' names (the speaker boost has them: a name
+# pulled the cosine towards turns about the person rather than the fact); the association expansion
+# and the proper-noun prior back on. 92.0 / 95.9 -> 92.7 / 96.3 % at 2k / 4k (1-5: 92.9 -> 93.2 /
+# 96.4 -> 96.4; 6-10: 91.0 -> 92.1 / 95.3 -> 96.2), multi-hop 87.6 -> 90.1 % at 4k; turn-alone or
+# contextual cosine alone, reciprocal-rank fusion and a cosine floor were lower. The voice prior
+# stays off (lower with the model). Costs a second embedding per indexed turn and, for a query that
+# names a speaker, a second query embedding (the memory source embeds the query as asked).
+MODEL_RANKING = replace(DEFAULT_RANKING, dense_weight=0.5, prev_decay=0.7, next_decay=0.7, self_boost=0.0,
+                        other_penalty=0.0, dense_neighbours=False, embed_context=1, context_mix=0.5,
+                        dense_query_names=False)
 
 # ---------------------------------------------------------------------------------------- terms
 _WORD_RE = re.compile(r"[0-9a-z]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
@@ -349,7 +367,7 @@ def render_turn(speaker: str, role: Role, text: str, timestamp_ms: int, *, dated
 # ---------------------------------------------------------------------------------------- index
 # Per-row arrays of _UserIndex that a compaction copies as they are (session_of and nbr are renumbered).
 _ROW_ARRAYS = ("vectors", "tokens", "timestamps", "seqs", "roles", "speaker_of", "year_month", "day_of", "position",
-               "doc_len", "voice", "proper", "exact", "simhash")
+               "doc_len", "voice", "proper", "exact", "simhash", "ctx_vectors")
 
 
 @dataclass
@@ -358,6 +376,8 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
     cap: int = 256
     window: int = 4
     dated: bool = True  # the date is part of each turn's text (else: one header item per day)
+    context: int = 0  # previous same-session turns embedded with each turn into ctx_vectors (0: none)
+    context_chars: int = 400  # of each previous turn, the last this many characters
     ids: list[str] = field(default_factory=list)
     sessions: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
@@ -385,6 +405,9 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         self.term_at = np.zeros(4096, np.int32)
         self.term_ptr = np.zeros(self.cap + 1, np.int64)
         self.vectors = np.zeros((self.cap, self.dim), np.float32)
+        # Each turn embedded with its `context` previous turns; no columns when there is no context.
+        self.ctx_vectors = np.zeros((self.cap, self.dim if self.context > 0 else 0), np.float32)
+        self.name_words: tuple[str, ...] = ()  # the speakers' names, word by word (replaced, never mutated)
         self.tokens = np.zeros(self.cap, np.int32)
         self.timestamps = np.zeros(self.cap, np.int64)
         self.seqs = np.zeros(self.cap, np.int64)
@@ -479,6 +502,15 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             self.total_len += len(words)
         # A new speaker's name (or a nickname it starts with: "Mel") is no proper noun in any turn.
         self._mark_proper(0 if len(self.speakers) > speakers else start)
+        if len(self.speakers) > speakers:
+            self.name_words = tuple(dict.fromkeys(w for name in self.speakers for w in name.split()))
+        if self.context > 0:
+            ctx = []
+            for row in range(start, end):
+                prev = [int(self.nbr[row, self.window - k]) for k in range(min(self.context, self.window), 0, -1)]
+                ctx.append("\n".join([*(self.texts[p][-self.context_chars:] for p in prev if p >= 0), texts[row - start]]))
+            self.ctx_vectors[start:end] = (embedder.embed(ctx) if embedder is not None
+                                           else fastpath.hash_embed(ctx, self.dim))
         return len(fresh)
 
     def _mark_proper(self, first: int) -> None:
@@ -526,7 +558,8 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         milliseconds, not a rebuild. A kept turn keeps its place in its session (position and the
         session's month); a neighbour that was dropped is no neighbour any more."""
         n = len(self) - start
-        out = _UserIndex(dim=self.dim, cap=max(n, 1), window=self.window, dated=self.dated)
+        out = _UserIndex(dim=self.dim, cap=max(n, 1), window=self.window, dated=self.dated, context=self.context,
+                         context_chars=self.context_chars)
         for name in _ROW_ARRAYS:
             getattr(out, name)[:n] = getattr(self, name)[start:len(self)]
         nbr = self.nbr[start:len(self)] - start
@@ -534,7 +567,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         out.ids, out.sessions, out.texts = self.ids[start:], self.sessions[start:], self.texts[start:]
         out.row_terms, out.row_tfs, out.row_caps = self.row_terms[start:], self.row_tfs[start:], self.row_caps[start:]
         out.known = set(out.ids)
-        out.speakers = dict(self.speakers)
+        out.speakers, out.name_words = dict(self.speakers), self.name_words
         session_ids: dict[str, int] = {}
         for row, sid in enumerate(out.sessions):
             out.session_rows.setdefault(sid, []).append(row)
@@ -672,6 +705,8 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         if qvec is not None and r.dense_weight > 0 and np.any(qvec):
             dense = np.zeros(n + 1, np.float32)
             dense[:n] = self.vectors[:n] @ qvec
+            if self.context > 0 and r.context_mix > 0:
+                dense[:n] = (1.0 - r.context_mix) * dense[:n] + r.context_mix * (self.ctx_vectors[:n] @ qvec)
             np.maximum(dense, 0.0, out=dense)
             if r.dense_neighbours:
                 dense = self.smooth(dense, decay)
@@ -840,7 +875,9 @@ class EpisodicSource:
 
     def _load(self, scope: Scope) -> _UserIndex:
         key = (scope.tenant_id, scope.user_id)
-        state = _UserIndex(dim=self.dim, window=max(self.ranking.neighbours, 1), dated=not self.ranking.date_headers)
+        r = self.ranking
+        state = _UserIndex(dim=self.dim, window=max(r.neighbours, r.embed_context, 1), dated=not r.date_headers,
+                           context=r.embed_context, context_chars=r.embed_context_chars)
         # Read no more than the cap allows (a long history must not make this slower over time); past
         # the cap keep the newest three quarters, so the next compaction is a quarter of the cap away.
         rows = self._rows(scope, self.max_turns_per_user + 1)
@@ -878,11 +915,13 @@ class EpisodicSource:
         given = query_embedding is not None and query_embedding.shape == (self.dim,)
         # A model's query vector (~13 ms on one core) is taken outside the lock, so concurrent calls
         # for other users do not queue behind it; the embedder keeps recent queries, so the memory
-        # source's embedding of the same query is reused.
-        model_qvec = (self.embedder.embed([query])[0] if self.embedder is not None and query and not given
-                      else None)
+        # source's embedding of the same query is reused (unless names are left out of this one).
+        key = (scope.tenant_id, scope.user_id)
+        known = self._users.get(key)  # a peek without the lock: only its names (replaced whole) are read
+        model_qvec = None
+        if self.embedder is not None and query and not given and (r.dense_query_names or known is not None):
+            model_qvec = self.embedder.embed([_dense_query(query, known, r)])[0]
         with self._lock:
-            key = (scope.tenant_id, scope.user_id)
             state = self._users.get(key)
             if state is None:
                 state = self._load(scope)
@@ -892,8 +931,14 @@ class EpisodicSource:
             own = len(state.session_rows.get(exclude_session, ()))
             if len(state) <= own or not query:  # nothing outside the current session to recall
                 return state, *empty
-            qvec = query_embedding if given else (
-                model_qvec if model_qvec is not None else fastpath.hash_embed([query], self.dim)[0])
+            if given:
+                qvec = query_embedding
+            elif model_qvec is not None:
+                qvec = model_qvec
+            elif self.embedder is not None:  # a user's first call: loading the index costs far more
+                qvec = self.embedder.embed([_dense_query(query, state, r)])[0]
+            else:
+                qvec = fastpath.hash_embed([_dense_query(query, state, r)], self.dim)[0]
             score = state.rank(query, qvec, exclude_session, r)
         finite = np.isfinite(score) & (score > 0)
         if not finite.any():
@@ -967,6 +1012,21 @@ class EpisodicSource:
         batch.exact_keys = np.concatenate([np.array([it[2] for it in items], np.uint64), batch.exact_keys])
         batch.simhashes = np.concatenate([np.array([it[3] for it in items], np.uint64), batch.simhashes])
         return metas
+
+
+def _dense_query(query: str, state: _UserIndex | None, r: Ranking) -> str:
+    """The query as embedded: without the speakers' names and their "'s" when r.dense_query_names is
+    off ("What did Ann's dog eat?" -> "What did dog eat?"; the speaker boost has the names)."""
+    if r.dense_query_names or state is None or not state.name_words:
+        return query
+    out = _names_re(state.name_words).sub("", query).strip()
+    return out if _WORD_RE.search(out.lower()) else query  # only names: the query as asked
+
+
+@lru_cache(maxsize=256)
+def _names_re(names: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile(r"\b(?:" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+                      + r")(?:'s)?\b\s*", re.I)
 
 
 def _turn_meta(state: _UserIndex, rows: list[int], headers: list[ItemMeta], order: np.ndarray, j: int) -> ItemMeta:
