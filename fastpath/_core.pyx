@@ -1316,37 +1316,37 @@ cdef enum:
     _PICKED = 2  # the row is a candidate
 
 
+cdef inline void _add_lanes(float* s, const float* a, const float* b) noexcept nogil:
+    # Eight independent running sums (constant indices: the compiler keeps them in registers).
+    s[0] += a[0] * b[0]
+    s[1] += a[1] * b[1]
+    s[2] += a[2] * b[2]
+    s[3] += a[3] * b[3]
+    s[4] += a[4] * b[4]
+    s[5] += a[5] * b[5]
+    s[6] += a[6] * b[6]
+    s[7] += a[7] * b[7]
+
+
 cdef inline float _dot32(const float* a, const float* b, Py_ssize_t dim) noexcept nogil:
-    """float32 dot product with 8 running sums (element j into sum j % 8), added pairwise at the
-    end: a fixed order the reference repeats, and independent adds that pipeline."""
-    cdef float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0
-    cdef Py_ssize_t j = 0
+    """float32 dot product of a and b padded with zeros to a multiple of 8: element j goes to
+    running sum j % 8, the sums are then added pairwise. A fixed order the reference repeats, and
+    independent adds that pipeline."""
+    cdef float s[8]
+    cdef float ta[8]
+    cdef float tb[8]
+    cdef Py_ssize_t j = 0, t
+    for t in range(8):
+        s[t] = 0.0
     while j + 8 <= dim:
-        s0 += a[j] * b[j]
-        s1 += a[j + 1] * b[j + 1]
-        s2 += a[j + 2] * b[j + 2]
-        s3 += a[j + 3] * b[j + 3]
-        s4 += a[j + 4] * b[j + 4]
-        s5 += a[j + 5] * b[j + 5]
-        s6 += a[j + 6] * b[j + 6]
-        s7 += a[j + 7] * b[j + 7]
+        _add_lanes(s, a + j, b + j)
         j += 8
-    # The tail (fewer than 8 left) starts at a multiple of 8: its elements go to sums 0, 1, ...
     if j < dim:
-        s0 += a[j] * b[j]
-    if j + 1 < dim:
-        s1 += a[j + 1] * b[j + 1]
-    if j + 2 < dim:
-        s2 += a[j + 2] * b[j + 2]
-    if j + 3 < dim:
-        s3 += a[j + 3] * b[j + 3]
-    if j + 4 < dim:
-        s4 += a[j + 4] * b[j + 4]
-    if j + 5 < dim:
-        s5 += a[j + 5] * b[j + 5]
-    if j + 6 < dim:
-        s6 += a[j + 6] * b[j + 6]
-    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+        for t in range(8):
+            ta[t] = a[j + t] if j + t < dim else 0.0
+            tb[t] = b[j + t] if j + t < dim else 0.0
+        _add_lanes(s, ta, tb)
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
 
 
 def hybrid_top_k(term_rows, term_weights, dense_rows, vectors, query, prior, alive, double w, double half,

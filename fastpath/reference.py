@@ -563,10 +563,12 @@ def fused_top_k(dense: Any, lexical: Any, prior: Any, alive: Any, w: float, half
 
 
 def _dot32(a: Sequence[float], b: Sequence[float]) -> float:
-    """float32 dot product summed in 8 lanes (element j into lane j % 8), the lanes then added
-    pairwise: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))."""
+    """float32 dot product of a and b padded with zeros to a multiple of 8, summed in 8 lanes
+    (element j into lane j % 8), the lanes then added pairwise: ((l0 + l1) + (l2 + l3)) + ((l4 + l5)
+    + (l6 + l7))."""
+    pad = [0.0] * (-len(a) % 8)
     lanes = [0.0] * 8
-    for j, (x, y) in enumerate(zip(a, b, strict=True)):
+    for j, (x, y) in enumerate(zip([*a, *pad], [*b, *pad], strict=True)):
         lanes[j % 8] = _f32(lanes[j % 8] + _f32(x * y))
     pair = [_f32(lanes[i] + lanes[i + 1]) for i in range(0, 8, 2)]
     return _f32(_f32(pair[0] + pair[1]) + _f32(pair[2] + pair[3]))
