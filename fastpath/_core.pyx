@@ -1539,9 +1539,7 @@ def arrange(picked, starts, slots, orders, scores, tokens, Py_ssize_t n_slots):
             if orders[b] is not None:
                 keyed[b] = _arr(f"orders[{b}]", orders[b], cnp.NPY_FLOAT64, np.float64, _FLOAT_KINDS, size)
                 pord[b] = <const double*>_ptr(<cnp.ndarray>keyed[b])
-        for j in range(m):
-            if ppk[j] < 0 or ppk[j] >= n:
-                raise ValueError(f"picked holds {ppk[j]}, outside 0-{n - 1}")
+        _check_rows("picked", pk, n)
         with nogil:
             for s in range(n_slots + 1):
                 pb[s] = 0

@@ -649,7 +649,6 @@ def arrange(picked: Any, starts: Any, slots: Any, orders: Sequence[Any], scores:
     (batch[m], index in the batch[m], key[m], rank[m]: the picks by slot, then key ascending, ties in
     selection order; bounds[n_slots + 1]: rank[bounds[s]:bounds[s + 1]] are slot s's picks;
     slot_tokens[n_slots]: tokens[pick] summed per slot)."""
-    pk = _array("picked", picked, np.int64, _INT_KINDS).tolist()
     st = _array("starts", starts, np.int64, _INT_KINDS).tolist()
     nb = len(st)
     sl = _array("slots", slots, np.int64, _INT_KINDS, nb).tolist()
@@ -668,9 +667,7 @@ def arrange(picked: Any, starts: Any, slots: Any, orders: Sequence[Any], scores:
     ends = [*st[1:], n]
     keyed = [None if orders[b] is None else
              _array(f"orders[{b}]", orders[b], np.float64, _FLOAT_KINDS, ends[b] - st[b]).tolist() for b in range(nb)]
-    for g in pk:
-        if not 0 <= g < n:
-            raise ValueError(f"picked holds {g}, outside 0-{n - 1}")
+    pk = _rows("picked", picked, n)
     owner = [max(b for b in range(nb) if st[b] <= g) for g in pk]
     index = [g - st[b] for g, b in zip(pk, owner, strict=True)]
     keys = []

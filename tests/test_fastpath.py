@@ -391,7 +391,7 @@ def test_arrange_match_reference(data):
 @IMPLS
 def test_arrange_check_inputs(impl):
     one, scores, tokens = np.zeros(1, np.int64), np.ones(3), np.ones(3, np.int32)
-    with pytest.raises(ValueError, match="picked holds 3, outside 0-2"):
+    with pytest.raises(ValueError, match="picked holds row 3, outside 0-2"):
         impl.arrange(np.array([3]), one, one, [None], scores, tokens, 1)
     with pytest.raises(ValueError, match="starts must rise from 0"):
         impl.arrange(one, np.array([1]), one, [None], scores, tokens, 1)

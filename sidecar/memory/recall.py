@@ -91,8 +91,13 @@ class UserMemories:
                 continue
             if h.score >= min_score:
                 out.append(ScoredMemory(m, h.score, h.dense, h.lexical, h.vector))
-        out.sort(key=lambda s: (-s.score, s.memory.memory_id))
+        out.sort(key=lambda s: best_first(s.score, s.memory.memory_id))
         return out[:k]
+
+
+def best_first(score: float, memory_id: str) -> tuple[float, str]:
+    """The order of recalled memories: higher score first, ties by id."""
+    return -score, memory_id
 
 
 def scope_key(scope: Scope) -> tuple[str, str]:

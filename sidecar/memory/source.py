@@ -18,7 +18,7 @@ from sidecar.assembly.candidates import (
     SourceDrop,
 )
 from sidecar.domain import Category, Memory, MemoryType
-from sidecar.memory.recall import AUTHORITY_BONUS, UserMemories
+from sidecar.memory.recall import AUTHORITY_BONUS, UserMemories, best_first
 from sidecar.memory.service import MemoryService, render_memory
 from sidecar.text import query_terms, term_ids, terms
 
@@ -48,10 +48,9 @@ class MemorySource:
                       inp.query_embedding.shape == (self.memories.embedder.dim,)
                       else self.memories.embedder.embed([inp.query])[0] if inp.query else None)
             picked: dict[str, tuple[Memory, float]] = {}
-            # The index's keys and scores, in the order UserMemories.search gives (score, then id),
-            # without a hit object per memory.
+            # The index's keys and scores in UserMemories.search's order, without a hit object per memory.
             keys, scores = state.index.ranked(vector, query_terms(inp.query), TOP_K)
-            for key, score in sorted(zip(keys, scores, strict=True), key=_best_first):
+            for key, score in sorted(zip(keys, scores, strict=True), key=lambda h: best_first(h[1], h[0])):
                 m = state.active.get(key)
                 if m is None:
                     continue
@@ -84,10 +83,6 @@ class MemorySource:
         batch.vectors = vectors  # the rows as indexed; only the knowledge resolver reads a few of them
         batch.meta = metas.__getitem__
         return [batch]
-
-
-def _best_first(hit: tuple[str, float]) -> tuple[float, str]:
-    return -hit[1], hit[0]
 
 
 class PreparedMemory(NamedTuple):
