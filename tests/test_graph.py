@@ -245,3 +245,20 @@ def test_paths_are_simple_connected_bounded_and_complete(
     got = {(tuple(p.entities), tuple(e.edge_id for e in p.edges)) for p in paths}
     assert len(got) == len(paths)
     assert got == brute_force(edges, start, relations, max_hops, direction, at_ms)
+
+
+@settings(max_examples=200, deadline=None)
+@given(windows=st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20)), min_size=1, max_size=8),
+       a=st.integers(0, 25), b=st.integers(0, 25))
+def test_one_interval_means_the_same_valid_edges(windows, a, b) -> None:
+    """interval() is what callers key cached neighbourhoods on: two times in one interval see the same
+    valid edges; and any change to the graph gives it a new version."""
+    index = EdgeIndex(E(f"e{i}", f"s{i}", "calls", f"o{i}", lo, hi) for i, (lo, hi) in enumerate(windows))
+    if index.interval(a) == index.interval(b):
+        assert [is_valid_at(e, a) for e in index._edges.values()] == [is_valid_at(e, b) for e in index._edges.values()]
+    versions = {index.version}
+    index.add(E("new", "x", "calls", "y", 0, 5))
+    versions.add(index.version)
+    assert index.remove("new")
+    versions.add(index.version)
+    assert not index.remove("new") and len(versions) == 3 and EdgeIndex().version not in versions

@@ -220,3 +220,30 @@ def test_packed_chunk_items_are_dropped_with_their_chunks(tmp_path):
         assert not packed_kb() and not set(tk.items) & (v1 | v2)
     finally:
         app.close()
+
+
+def test_graph_items_follow_edge_changes_and_validity(stub, scope):
+    """BuildContext keeps a neighbourhood's items between calls; a changed or deleted edge, and an edge
+    that starts or stops being valid, shows in the very next call."""
+    import time
+
+    sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+
+    def graph_texts() -> list[str]:
+        ctx = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid, query="what does billing-api call?"))
+        return sorted(it.text for s in ctx.sections for it in s.items if it.source.startswith("graph:"))
+
+    now = int(time.time() * 1000)
+    stub.UpsertEdges(pb.UpsertEdgesRequest(scope=scope, edges=[
+        pb.Edge(edge_id="e-db", subject="billing-api", relation="calls", object="billing-db"),
+        pb.Edge(edge_id="e-old", subject="billing-api", relation="calls", object="legacy-queue", valid_to_ms=now + 1500),
+        pb.Edge(edge_id="e-new", subject="billing-api", relation="calls", object="event-bus", valid_from_ms=now + 1500)]))
+    before = graph_texts()
+    assert before == graph_texts() == ["billing-api --calls--> billing-db", "billing-api --calls--> legacy-queue"]
+    stub.UpsertEdges(pb.UpsertEdgesRequest(scope=scope, edges=[
+        pb.Edge(edge_id="e-db", subject="billing-api", relation="reads", object="billing-db")]))
+    assert graph_texts() == ["billing-api --calls--> legacy-queue", "billing-api --reads--> billing-db"]
+    time.sleep(max(0.0, (now + 1600) / 1000 - time.time()))
+    assert graph_texts() == ["billing-api --calls--> event-bus", "billing-api --reads--> billing-db"]
+    stub.DeleteEdges(pb.DeleteEdgesRequest(scope=scope, edge_ids=["e-db"]))
+    assert graph_texts() == ["billing-api --calls--> event-bus"]

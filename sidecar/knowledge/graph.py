@@ -10,12 +10,15 @@ breaks if it is down.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
+from itertools import count
 from typing import Literal, Protocol
 
 Direction = Literal["out", "in", "both"]
 MAX_HOPS = 3
+_VERSIONS = count(1)  # one sequence for every EdgeIndex: a rebuilt graph never repeats a version
 
 
 class Edge(Protocol):
@@ -71,6 +74,10 @@ class EdgeIndex:
         self._edges: dict[Hashable, Edge] = {}
         self._out: dict[str, dict[Hashable, Edge]] = {}
         self._in: dict[str, dict[Hashable, Edge]] = {}
+        # Callers cache what they derive from the graph (BuildContext's neighbourhood items) under
+        # (version, interval): a new version on every change; see interval().
+        self.version = next(_VERSIONS)
+        self._bounds: list[int] | None = None
         for edge in edges:
             self.add(edge)
 
@@ -86,9 +93,21 @@ class EdgeIndex:
     def add(self, edge: Edge) -> None:
         """Insert or replace (same edge_id) an edge."""
         self.remove(edge.edge_id)
+        self._changed()
         self._edges[edge.edge_id] = edge
         self._out.setdefault(edge.subject, {})[edge.edge_id] = edge
         self._in.setdefault(edge.object, {})[edge.edge_id] = edge
+
+    def _changed(self) -> None:
+        self.version = next(_VERSIONS)
+        self._bounds = None
+
+    def interval(self, at_ms: int) -> int:
+        """Which interval between validity boundaries at_ms falls in: within one, every edge is
+        either valid throughout or not at all."""
+        if self._bounds is None:
+            self._bounds = sorted({t for e in self._edges.values() for t in (e.valid_from_ms, e.valid_to_ms) if t})
+        return bisect_right(self._bounds, at_ms)
 
     def has_entity(self, entity: str) -> bool:
         return entity in self._out or entity in self._in
@@ -97,6 +116,7 @@ class EdgeIndex:
         edge = self._edges.pop(edge_id, None)
         if edge is None:
             return False
+        self._changed()
         _discard(self._out, edge.subject, edge_id)
         _discard(self._in, edge.object, edge_id)
         return True

@@ -9,7 +9,7 @@ import numpy as np
 import fastpath
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory, SourceDrop
 from sidecar.domain import Category
-from sidecar.knowledge.graph import render_path
+from sidecar.knowledge.graph import EdgeIndex, render_path
 from sidecar.knowledge.index import ChunkEntry, TenantKnowledge
 from sidecar.knowledge.service import KnowledgeService
 from sidecar.text import NO_TERMS, query_terms, term_ids, terms
@@ -31,6 +31,8 @@ CONFLICT_MAX_CHUNKS = 8
 CONFLICT_MAX_MEMORIES = 32
 DROP_CONFLICT_WITH_KNOWLEDGE = 7
 MAX_CACHED_ITEMS = 1 << 16
+MAX_CACHED_NEIGHBOURHOODS = 1024  # per tenant
+GraphItems = tuple[list[str], list[str], list[int], list[bytes], list[float]]
 
 
 def chunk_prefix(title: str, heading: str) -> str:
@@ -45,6 +47,8 @@ class KnowledgeSource:
 
     def __init__(self, knowledge: KnowledgeService) -> None:
         self.knowledge = knowledge
+        # tenant -> (graph version, (seed entities, validity interval) -> items); see _neighbourhood
+        self._graphs: dict[str, tuple[int, dict[tuple, GraphItems]]] = {}
 
     @staticmethod
     def _item(tk: TenantKnowledge, e: ChunkEntry) -> tuple[str, str, int, bytes]:
@@ -91,35 +95,51 @@ class KnowledgeSource:
         self._graph_candidates(inp, graph, kb)
         return [kb]
 
-    def _graph_candidates(self, inp: BuildInput, graph, kb: CandidateBatch) -> None:
+    def _graph_candidates(self, inp: BuildInput, graph: EdgeIndex, kb: CandidateBatch) -> None:
         """A compact neighbourhood of the entities named in the query or the confirmed state."""
         if not len(graph):
             return
         named = set(query_terms(inp.query)) | {t.strip().lower() for t in inp.query.split()}
         for fact in inp.view.confirmed.values():
             named.add(fact.value.strip().lower())
-        seeds = [e for e in sorted(named) if graph.has_entity(e)]
+        seeds = tuple(e for e in sorted(named) if graph.has_entity(e))
         if not seeds:
             return
-        with self.knowledge._lock:
-            paths = graph.neighbourhood(seeds, max_hops=2, limit=20, at_ms=inp.now_ms)
+        sources, texts, tokens, bodies, relevance = self._neighbourhood(inp.scope.tenant_id, graph, seeds, inp.now_ms)
         dim = self.knowledge.embedder.dim
         if kb.vectors is None:
             kb.vectors, kb.term_ids = np.zeros((0, dim), np.float32), []
-        kb.vectors = np.concatenate([kb.vectors, np.zeros((len(paths), dim), np.float32)])
-        kb.term_ids += [NO_TERMS] * len(paths)
-        for p in paths:
-            text = render_path(p)
-            tokens = count_tokens_cached(text) + 1
-            source = "graph:" + "+".join(str(e.edge_id) for e in p.edges)
-            kb.texts.append(text)
-            kb.tokens.append(tokens)
-            kb.sources.append(source)
-            if kb.bodies is not None:
-                kb.bodies.append(fastpath.encode_item(source, Category.RAG_OR_GRAPH, tokens, text, 0, 0, ()))
-            kb.relevance.append(GRAPH_RELEVANCE / len(p.edges))
-            kb.age_s.append(0.0)
-            kb.priority.append(0.2)
+        kb.vectors = np.concatenate([kb.vectors, np.zeros((len(sources), dim), np.float32)])
+        kb.term_ids += [NO_TERMS] * len(sources)
+        kb.sources += sources
+        kb.texts += texts
+        kb.tokens += tokens
+        if kb.bodies is not None:
+            kb.bodies += bodies
+        kb.relevance += relevance
+        kb.age_s += [0.0] * len(sources)
+        kb.priority += [0.2] * len(sources)
+
+    def _neighbourhood(self, tenant_id: str, graph: EdgeIndex, seeds: tuple[str, ...], at_ms: int) -> GraphItems:
+        """The neighbourhood's paths as items (sources, texts, tokens, ContextItem bytes, relevance), kept
+        while the graph and the validity of its edges are unchanged: the same entities come back turn
+        after turn."""
+        version, held = self._graphs.get(tenant_id, (0, {}))
+        if version != graph.version or len(held) >= MAX_CACHED_NEIGHBOURHOODS:
+            held = {}
+            self._graphs[tenant_id] = (graph.version, held)
+        key = (seeds, graph.interval(at_ms))
+        items = held.get(key)
+        if items is None:
+            with self.knowledge._lock:
+                paths = graph.neighbourhood(seeds, max_hops=2, limit=20, at_ms=at_ms)
+            texts = [render_path(p) for p in paths]
+            tokens = [count_tokens_cached(t) + 1 for t in texts]
+            sources = ["graph:" + "+".join(str(e.edge_id) for e in p.edges) for p in paths]
+            bodies = [fastpath.encode_item(s, Category.RAG_OR_GRAPH, n, t, 0, 0, ())
+                      for s, t, n in zip(sources, texts, tokens, strict=True)]
+            items = held[key] = (sources, texts, tokens, bodies, [GRAPH_RELEVANCE / len(p.edges) for p in paths])
+        return items
 
 
 def knowledge_beats_memory(knowledge: KnowledgeService):
