@@ -28,6 +28,16 @@ def percentiles(samples_s: list[float]) -> dict[str, float]:
             "mean_ms": round(statistics.fmean(ordered) * 1000, 3)}
 
 
+def settle() -> None:
+    """Before a latency measurement: this process's garbage collected and the files the set-up just
+    wrote (a 100k-chunk index is ~450 MB) flushed to disk, so their write-back does not compete with
+    the measured calls on a 2-core machine. A sidecar in steady state has no such backlog."""
+    import gc
+
+    gc.collect()
+    os.sync()
+
+
 def time_calls(fn: Callable[[], object], n: int, warmup: int = 50) -> list[float]:
     for _ in range(warmup):
         fn()

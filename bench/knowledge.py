@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from harness import ServerProcess, emit, percentiles, time_calls
+from harness import ServerProcess, emit, percentiles, settle, time_calls
 
 from sidecar.api import context_service_pb2 as pb
 from sidecar.app import Sidecar
@@ -188,6 +188,8 @@ def main() -> None:
     app.close()  # saves the index file the server loads
     close_s = time.perf_counter() - t
 
+    del tk
+    settle()
     server = ServerProcess(extra=["--db", db])
     try:
         greq = pb.BuildContextRequest(scope=pb.Scope(tenant_id=TENANT, user_id=USER), session_id=sid,

@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections import Counter
 
-from harness import ServerProcess, emit, percentiles, time_calls
+from harness import ServerProcess, emit, percentiles, settle, time_calls
 
 from sidecar.api import context_service_pb2 as pb
 from sidecar.app import Sidecar
@@ -252,6 +252,7 @@ def main() -> None:
     app.sessions.append(scope, sid, msgs)
     app.close()
 
+    settle()
     server = ServerProcess(extra=["--db", db])
     try:
         greq = pb.BuildContextRequest(scope=pb.Scope(tenant_id=TENANT, user_id=USER), session_id=sid,
