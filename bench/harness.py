@@ -119,6 +119,24 @@ class ServerProcess:
         self.proc.wait(timeout=15)
 
 
+def one_core() -> str:
+    """The CPU a pinned sidecar runs on (`serve --cpus`): the last this process may use."""
+    return str(max(os.sched_getaffinity(0)))
+
+
+def served_build_latency(db: str, request, n: int, cpus: str | None = None) -> tuple[object, float, dict[str, float]]:
+    """(first response, its seconds, percentiles of the next n) of one BuildContext request, repeated
+    against `serve --db db` (pinned with --cpus when given). The first call loads the indexes."""
+    server = ServerProcess(extra=["--db", db, *(["--cpus", cpus] if cpus else [])])
+    try:
+        t = time.perf_counter()
+        first = server.stub.BuildContext(request, timeout=300)
+        first_s = time.perf_counter() - t
+        return first, first_s, percentiles(time_calls(lambda: server.stub.BuildContext(request), n))
+    finally:
+        server.stop()
+
+
 def emit(figures: dict) -> None:
     """Every bench ends with its figures as one JSON object on the last line."""
     print(json.dumps(figures, sort_keys=True))

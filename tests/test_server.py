@@ -112,3 +112,25 @@ def test_kill9_mid_stream_keeps_every_acknowledged_message(spawn):
     assert len(stored) % 3 == 0
     ok = pb_grpc.ContextServiceStub(again.channel)
     assert ok.GetSession(pb.GetSessionRequest(scope=scope, session_id="s")).message_count == len(stored)
+
+
+def test_cpus_pins_every_thread_and_bad_lists_are_refused(spawn, tmp_path):
+    """--cpus: every thread of the sidecar, those started while serving too, runs on the CPUs named;
+    a CPU the process may not use, or text that is no CPU list, stops it at start with a message."""
+    import os
+    import subprocess
+    import sys
+
+    cpu = max(os.sched_getaffinity(0))
+    proc = spawn(extra=["--cpus", str(cpu)])
+    scope = pb.Scope(tenant_id="t", user_id="u")
+    sid = proc.stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    proc.stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid, query="warm every pool"))
+    tasks = os.listdir(f"/proc/{proc.proc.pid}/task")
+    assert len(tasks) > 3
+    assert {os.sched_getaffinity(int(t)) == {cpu} for t in tasks} == {True}
+    assert proc.terminate() == 0
+    for spec, said in (("4096", "may run on CPUs"), ("one", "expected CPU numbers")):
+        out = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--db", str(tmp_path / "x.duckdb"),
+                              "--cpus", spec], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 2 and "--cpus" in out.stderr and said in out.stderr
