@@ -127,17 +127,44 @@ def one_core() -> str:
     return str(max(os.sched_getaffinity(0)))
 
 
-def served_build_latency(db: str, request, n: int, cpus: str | None = None) -> tuple[object, float, dict[str, float]]:
-    """(first response, its seconds, percentiles of the next n) of one BuildContext request, repeated
-    against `serve --db db` (pinned with --cpus when given). The first call loads the indexes."""
-    server = ServerProcess(extra=["--db", db, *(["--cpus", cpus] if cpus else [])])
+def served_build_latency(db: str, request, n: int, configs: dict[str, list[str]],
+                         blocks: int = 10) -> dict[str, tuple[object, float, dict[str, float]]]:
+    """Per configuration (extra `serve` arguments): (first response, its seconds, percentiles of n more)
+    of one BuildContext request. Each configuration serves its own copy of the database's folder, all
+    at once, and the n calls go in blocks taken in turn (order reversed every round), so a machine
+    whose speed drifts from minute to minute (seen here: 2x) weighs on each alike. The first call
+    loads the indexes."""
+    import shutil
+
+    folder = Path(db).parent
+    servers: dict[str, ServerProcess] = {}
+    copies: list[Path] = []
+    out: dict[str, tuple[object, float, dict[str, float]]] = {}
+    samples: dict[str, list[float]] = {name: [] for name in configs}
     try:
-        t = time.perf_counter()
-        first = server.stub.BuildContext(request, timeout=300)
-        first_s = time.perf_counter() - t
-        return first, first_s, percentiles(time_calls(lambda: server.stub.BuildContext(request), n))
+        for i, (name, extra) in enumerate(configs.items()):
+            copy = folder
+            if i:
+                copy = Path(shutil.copytree(folder, tempfile.mkdtemp(prefix="sidecar-bench-") + "/db"))
+                copies.append(copy.parent)
+            servers[name] = ServerProcess(extra=["--db", str(copy / Path(db).name), *extra])
+        firsts = {}
+        for name, server in servers.items():
+            t = time.perf_counter()
+            firsts[name] = (server.stub.BuildContext(request, timeout=300), time.perf_counter() - t)
+        order = list(servers.items())
+        for block in range(blocks):
+            for name, server in (order if block % 2 == 0 else order[::-1]):
+                samples[name] += time_calls(lambda s=server: s.stub.BuildContext(request), n // blocks,
+                                            warmup=50 if block == 0 else 10)
+        for name in configs:
+            out[name] = (*firsts[name], percentiles(samples[name]))
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
+        for copy in copies:
+            shutil.rmtree(copy, ignore_errors=True)
+    return out
 
 
 def emit(figures: dict) -> None:

@@ -192,8 +192,8 @@ def main() -> None:
     settle()
     greq = pb.BuildContextRequest(scope=pb.Scope(tenant_id=TENANT, user_id=USER), session_id=sid,
                                   query=QUERIES[0], system_rules=RULES, roles=[CALLER_ROLE])
-    first, first_call_s, build_stats = served_build_latency(db, greq, n_build)
-    _, _, pinned_stats = served_build_latency(db, greq, n_build, cpus=one_core())
+    served = served_build_latency(db, greq, n_build, {"default": [], "pinned": ["--cpus", one_core()]})
+    (first, first_call_s, build_stats), pinned_stats = served["default"], served["pinned"][2]
     kb_items = [i for s in first.sections if s.kind == pb.SECTION_KIND_KNOWLEDGE for i in s.items]
     mem_items = [i for s in first.sections if s.kind == pb.SECTION_KIND_MEMORIES for i in s.items]
 

@@ -255,9 +255,10 @@ def main() -> None:
     settle()
     greq = pb.BuildContextRequest(scope=pb.Scope(tenant_id=TENANT, user_id=USER), session_id=sid,
                                   query=SEARCH_QUERIES[0], system_rules=RULES, tools=TOOL_SCHEMAS)
-    first, first_s, build_stats = served_build_latency(db, greq, n_build)  # the first call loads the 10k memories
+    # the first call loads the 10k memories
+    served = served_build_latency(db, greq, n_build, {"default": [], "pinned": ["--cpus", one_core()]})
+    (first, first_s, build_stats), pinned_stats = served["default"], served["pinned"][2]
     first_call_ms = round(first_s * 1000, 1)
-    _, _, pinned_stats = served_build_latency(db, greq, n_build, cpus=one_core())
     mem_items = sum(len(s.items) for s in first.sections if s.kind == pb.SECTION_KIND_MEMORIES)
 
     figures = {
