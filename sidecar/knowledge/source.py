@@ -124,14 +124,17 @@ class KnowledgeSource:
         """The neighbourhood's paths as items (sources, texts, tokens, ContextItem bytes, relevance), kept
         while the graph and the validity of its edges are unchanged: the same entities come back turn
         after turn."""
-        version, held = self._graphs.get(tenant_id, (0, {}))
-        if version != graph.version or len(held) >= MAX_CACHED_NEIGHBOURHOODS:
+        with self.knowledge._lock:  # edges change under this lock
+            version, key = graph.version, (seeds, graph.interval(at_ms))
+        cached_version, held = self._graphs.get(tenant_id, (0, {}))
+        if cached_version != version or len(held) >= MAX_CACHED_NEIGHBOURHOODS:
             held = {}
-            self._graphs[tenant_id] = (graph.version, held)
-        key = (seeds, graph.interval(at_ms))
+            self._graphs[tenant_id] = (version, held)
         items = held.get(key)
         if items is None:
             with self.knowledge._lock:
+                if graph.version != version:  # changed meanwhile: items of the new graph, not kept
+                    held = {}
                 paths = graph.neighbourhood(seeds, max_hops=2, limit=20, at_ms=at_ms)
             texts = [render_path(p) for p in paths]
             tokens = [count_tokens_cached(t) + 1 for t in texts]
