@@ -207,11 +207,14 @@ def test_compaction_equals_an_index_built_from_the_kept_turns(dated):
     full, fresh = _UserIndex(dim=64, window=4, dated=dated), _UserIndex(dim=64, window=4, dated=dated)
     full.add(turns, None, True)
     fresh.add(turns[18:], None, True)
+    full.item_bodies([0, 20, 25])
     small = full.compacted(18)
     assert small.ids == fresh.ids and small.texts == fresh.texts and small.known == fresh.known
     assert small.session_rows == fresh.session_rows and small.postings == fresh.postings
     assert small.total_len == fresh.total_len and small.day_items == fresh.day_items
     n = len(fresh)
+    # Item bytes made before the cut are kept, and are those a fresh index makes.
+    assert small.sources == fresh.sources and small.item_bodies(list(range(n))) == fresh.item_bodies(list(range(n)))
     for name in ("vectors", "tokens", "timestamps", "seqs", "roles", "speaker_of", "session_of", "year_month",
                  "day_of", "position", "doc_len", "exact", "simhash", "nbr"):
         assert np.array_equal(getattr(small, name)[:n], getattr(fresh, name)[:n]), name

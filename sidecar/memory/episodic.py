@@ -32,6 +32,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
+from operator import itemgetter
 
 import numpy as np
 
@@ -392,10 +393,12 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
     vocab: dict[str, int] = field(default_factory=dict)  # term -> id, for co-occurrence counts
     words: list[str] = field(default_factory=list)  # id -> term
     total_len: float = 0.0
-    day_items: dict[int, tuple[str, int, int, int]] = field(default_factory=dict)  # day -> text, tokens, keys
-    # row -> (source tag, ContextItem wire bytes) of the turns that were candidates: made the first
-    # time a turn is recalled, never changed (a turn's text, tokens, role and time are fixed).
-    items: dict[int, tuple[str, bytes]] = field(default_factory=dict)
+    # yyyymmdd -> its header item: text, tokens, exact key, simhash, source tag, ContextItem bytes, time
+    day_items: dict[int, tuple[str, int, int, int, str, bytes, int]] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)  # each turn's source tag, message:<id>
+    # Each turn's ContextItem wire bytes, made the first time it is a candidate (None before), never
+    # changed (a turn's text, tokens, role and time are fixed).
+    bodies: list[bytes | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._win_key: tuple | None = None  # (rows, decay) the cached window length norm is for
@@ -459,6 +462,8 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         for j, (m, text) in enumerate(zip(fresh, texts, strict=True)):
             row = start + j
             self.ids.append(m.message_id)
+            self.sources.append(f"message:{m.message_id}")
+            self.bodies.append(None)
             self.known.add(m.message_id)
             self.sessions.append(m.session_id)
             self.texts.append(text)
@@ -466,9 +471,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             day = day_number(m.timestamp_ms)
             self.day_of[row] = day
             if not self.dated and day not in self.day_items:
-                label = date_label(m.timestamp_ms)
-                keys = fastpath.text_keys([label])
-                self.day_items[day] = (label, count_many([label])[0] + LINE_EXTRA, int(keys[0][0]), int(keys[1][0]))
+                self.day_items[day] = _day_item(day, m.timestamp_ms)
             self.seqs[row] = m.seq
             self.roles[row] = int(m.role)
             name = (m.speaker or m.role.label).lower()
@@ -518,14 +521,16 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         for row in range(first, len(self.ids)):
             self.proper[row] = any(not any(name.startswith(c) for name in names) for c in self.row_caps[row])
 
-    def item(self, row: int) -> tuple[str, bytes]:
-        held = self.items.get(row)
-        if held is None:
-            source = f"message:{self.ids[row]}"
-            held = self.items[row] = (source, fastpath.encode_item(
-                source, Category.MEMORIES, int(self.tokens[row]), self.texts[row], int(self.roles[row]),
-                int(self.timestamps[row]), (self.ids[row],)))
-        return held
+    def item_bodies(self, rows: list[int]) -> list[bytes]:
+        """The ContextItem bytes of these turns (made for those that have none yet)."""
+        got = _pick(self.bodies, rows)
+        if None in got:
+            for j, row in enumerate(rows):
+                if got[j] is None:
+                    got[j] = self.bodies[row] = fastpath.encode_item(
+                        self.sources[row], Category.MEMORIES, int(self.tokens[row]), self.texts[row],
+                        int(self.roles[row]), int(self.timestamps[row]), (self.ids[row],))
+        return got  # type: ignore[return-value]  # no None left
 
     def _post(self, row: int) -> None:
         """Add a row's term counts (row_terms, row_tfs) to the postings (rows in order)."""
@@ -577,7 +582,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         out.total_len = float(out.doc_len[:n].sum())
         days = set(out.day_of[:n].tolist())
         out.day_items = {d: item for d, item in self.day_items.items() if d in days}
-        out.items = {row - start: item for row, item in self.items.items() if row >= start}
+        out.sources, out.bodies = self.sources[start:], self.bodies[start:]
         return out
 
     def bm25(self, query_terms: Sequence[str], k1: float = BM25_K1, b: float = BM25_B) -> np.ndarray:
@@ -968,10 +973,9 @@ class EpisodicSource:
         age = np.maximum(inp.now_ms - state.timestamps[rows], 0) / 1000.0
         # Packed turns read as a timeline: order by time, then by sequence inside a session.
         keys = state.timestamps[rows].astype(np.float64) * 1000.0 + state.seqs[rows] % 1000
-        items = [state.item(i) for i in row_list]
-        batch.texts = [state.texts[i] for i in row_list]
-        batch.sources = [it[0] for it in items]
-        batch.bodies = [it[1] for it in items]
+        batch.texts = _pick(state.texts, row_list)
+        batch.sources = _pick(state.sources, row_list)
+        batch.bodies = state.item_bodies(row_list)
         batch.order = keys
         batch.tokens = state.tokens[rows]
         batch.relevance = relevance
@@ -991,27 +995,45 @@ class EpisodicSource:
         headers' item metadata."""
         days = state.day_of[rows]
         uniq, first, inverse = np.unique(days, return_index=True, return_inverse=True)
-        rel = np.asarray(batch.relevance, np.float64)
-        age = np.asarray(batch.age_s, np.float64)
         min_age = np.full(len(uniq), np.inf)
-        np.minimum.at(min_age, inverse, age)
+        np.minimum.at(min_age, inverse, np.asarray(batch.age_s, np.float64))
         min_key = np.full(len(uniq), np.inf)
         np.minimum.at(min_key, inverse, batch.order)
-        items = [state.day_items[d] for d in uniq.tolist()]
-        sources = [f"date:{d}" for d in uniq.tolist()]
-        first_ts = state.timestamps[rows[first]].tolist()
-        metas: list[ItemMeta] = [(0, t, k - 0.5, ()) for t, k in zip(first_ts, min_key.tolist(), strict=True)]
-        batch.texts = [it[0] for it in items] + batch.texts
-        batch.sources = sources + batch.sources
-        batch.bodies = [fastpath.encode_item(src, Category.MEMORIES, it[1], it[0], 0, t, ())
-                        for src, it, t in zip(sources, items, first_ts, strict=True)] + list(batch.bodies)
-        batch.order = np.concatenate([min_key - 0.5, batch.order])
-        batch.tokens = np.concatenate([np.array([it[1] for it in items], np.int32), batch.tokens])
-        batch.relevance = np.concatenate([rel[first], rel])
-        batch.age_s = np.concatenate([min_age, age])
-        batch.exact_keys = np.concatenate([np.array([it[2] for it in items], np.uint64), batch.exact_keys])
-        batch.simhashes = np.concatenate([np.array([it[3] for it in items], np.uint64), batch.simhashes])
+        min_key -= 0.5
+        texts, tokens, exact, simhash, sources, bodies, times = zip(*_pick(state.day_items, uniq.tolist()), strict=True)
+        metas: list[ItemMeta] = [(0, t, k, ()) for t, k in zip(times, min_key.tolist(), strict=True)]
+        batch.texts = [*texts, *batch.texts]
+        batch.sources = [*sources, *batch.sources]
+        batch.bodies = [*bodies, *batch.bodies]
+        batch.order = np.concatenate([min_key, batch.order])
+        batch.tokens = np.concatenate([np.array(tokens, np.int32), batch.tokens])
+        batch.relevance = np.concatenate([np.asarray(batch.relevance, np.float64)[first], batch.relevance])
+        batch.age_s = np.concatenate([min_age, batch.age_s])
+        batch.exact_keys = np.concatenate([np.array(exact, np.uint64), batch.exact_keys])
+        batch.simhashes = np.concatenate([np.array(simhash, np.uint64), batch.simhashes])
         return metas
+
+
+def _midnight_ms(day: int) -> int:
+    """00:00 UTC of a yyyymmdd day, in epoch milliseconds: the time a day header stands for."""
+    return int(dt.datetime(day // 10000, day // 100 % 100, day % 100, tzinfo=dt.UTC).timestamp() * 1000)
+
+
+def _day_item(day: int, timestamp_ms: int) -> tuple[str, int, int, int, str, bytes, int]:
+    """A day's header item (see _UserIndex.day_items), made once per day."""
+    label = date_label(timestamp_ms)
+    tokens = count_many([label])[0] + LINE_EXTRA
+    exact, simhash = fastpath.text_keys([label])
+    source, midnight = f"date:{day}", _midnight_ms(day)
+    return (label, tokens, int(exact[0]), int(simhash[0]), source,
+            fastpath.encode_item(source, Category.MEMORIES, tokens, label, 0, midnight, ()), midnight)
+
+
+def _pick(values: list, rows: list[int]) -> list:
+    """[values[r] for r in rows], in one C call."""
+    if len(rows) > 1:
+        return list(itemgetter(*rows)(values))
+    return [values[rows[0]]] if rows else []
 
 
 def _dense_query(query: str, state: _UserIndex | None, r: Ranking) -> str:
