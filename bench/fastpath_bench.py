@@ -153,6 +153,42 @@ def numpy_hybrid_top_k(rows, weights, dense_rows, vectors, query, prior, alive, 
     return cand[order], fused[order]
 
 
+def make_window(rng: np.random.Generator, n: int = 660, w: int = 8) -> tuple:
+    """A LoCoMo user's episodic index, as the ranker hands it to window_bm25: n turns in sessions of
+    20, each with its 4 previous and 4 next turns as neighbours; 20 terms (query, concept and
+    associated words) with postings on 1-10 % of the turns; three groups."""
+    pos = np.arange(n) % 20
+    offsets = np.r_[np.arange(-w // 2, 0), np.arange(1, w // 2 + 1)]
+    nbr = np.arange(n)[:, None] + offsets[None, :]
+    nbr = np.where((pos[:, None] + offsets[None, :] >= 0) & (pos[:, None] + offsets[None, :] < 20) & (nbr < n),
+                   nbr, -1).astype(np.int32)
+    decay = np.array([0.55 ** k for k in range(w // 2, 0, -1)] + [0.55 ** k for k in range(1, w // 2 + 1)], np.float32)
+    rows = [np.sort(rng.choice(n, size=int(rng.integers(n // 100, n // 10)), replace=False)).astype(np.int64)
+            for _ in range(20)]
+    tfs = [rng.integers(1, 3, len(r)).astype(np.float32) for r in rows]
+    norm = rng.uniform(0.4, 2.0, n).astype(np.float32)
+    sizes = np.array([len(r) for r in rows])
+    idf = np.log1p((n - sizes + 0.5) / (sizes + 0.5)).astype(np.float32)
+    return rows, tfs, nbr, decay, norm, idf, [list(range(5)), list(range(5, 15)), list(range(15, 20))], 1.2
+
+
+def numpy_window_bm25(rows, tfs, nbr, decay, norm, idf, groups, k1):
+    """The baseline: the same counts with numpy (one bincount over every posting and its neighbours,
+    saturate, one matrix product per group), as the episodic ranker did before fastpath.window_bm25."""
+    n, width = len(norm), len(decay)
+    sizes = np.array([len(r) for r in rows])
+    which = np.repeat(np.arange(len(rows)), sizes)
+    all_rows, all_tfs = np.concatenate(rows), np.concatenate(tfs)
+    targets = np.concatenate([all_rows, nbr[all_rows, :width].ravel()])
+    weights = np.concatenate([all_tfs, (all_tfs[:, None] * decay[::-1]).ravel()])
+    owners = np.concatenate([which, np.repeat(which, width)])
+    ok = (targets >= 0) & (weights > 0)
+    tw = np.bincount(owners[ok] * n + targets[ok], weights[ok], minlength=len(rows) * n)
+    tw = tw.reshape(len(rows), n).astype(np.float32)
+    saturated = tw * (k1 + 1.0) / (tw + k1 * norm)
+    return [idf[g] @ saturated[g] for g in groups]
+
+
 def measure(quick: bool) -> dict[str, Any]:
     fp, ref = _fastpath()
     rng = random.Random(20240611)
@@ -181,7 +217,22 @@ def measure(quick: bool) -> dict[str, Any]:
     agree = agree and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
     same_rows = got[0].tolist() == numpy_hybrid_top_k(*hybrid)[0].tolist()
 
+    window = make_window(np.random.default_rng(11))
+    wb_fast = median_us(lambda: fp.window_bm25(*window), reps=50 if quick else 300, inner=10)
+    wb_numpy = median_us(lambda: numpy_window_bm25(*window), reps=50 if quick else 300, inner=10)
+    wb_ref = median_us(lambda: ref.window_bm25(*window), reps=2 if quick else 5)
+    wb_got = fp.window_bm25(*window)
+    agree = agree and np.array_equal(wb_got.view(np.uint32), ref.window_bm25(*window).view(np.uint32))
+    wb_close = all(np.allclose(a, b, rtol=1e-5) for a, b in zip(wb_got, numpy_window_bm25(*window), strict=True))
+
     return {
+        "window_bm25_rows": len(window[4]),
+        "window_bm25_fast_us": round(wb_fast, 1),
+        "window_bm25_numpy_us": round(wb_numpy, 1),
+        "window_bm25_reference_us": round(wb_ref, 1),
+        "window_bm25_vs_numpy": round(wb_numpy / wb_fast, 1),
+        "window_bm25_speedup": round(wb_ref / wb_fast, 1),
+        "window_bm25_close_to_numpy": bool(wb_close),
         "hybrid_top_k_rows": len(hybrid[6]),
         "hybrid_top_k_fast_us": round(hy_fast, 1),
         "hybrid_top_k_numpy_us": round(hy_numpy, 1),
@@ -223,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hybrid_top_k ({r['hybrid_top_k_rows']} rows, graph path): compiled {r['hybrid_top_k_fast_us']:.0f} us, "
           f"numpy baseline {r['hybrid_top_k_numpy_us']:.0f} us (x{r['hybrid_top_k_vs_numpy']}, same rows: "
           f"{r['hybrid_top_k_same_rows_as_numpy']}), reference {r['hybrid_top_k_reference_us']:.0f} us")
+    print(f"window_bm25 ({r['window_bm25_rows']} turns, 20 terms, 3 groups): compiled {r['window_bm25_fast_us']:.0f} us, "
+          f"numpy baseline {r['window_bm25_numpy_us']:.0f} us (x{r['window_bm25_vs_numpy']}, same within 1e-5: "
+          f"{r['window_bm25_close_to_numpy']}), reference {r['window_bm25_reference_us']:.0f} us "
+          f"(x{r['window_bm25_speedup']})")
     print(f"greedy / optimum (200 x 40 items): {r['greedy_vs_optimum']:.3f}; "
           f"compiled == reference: {r['agree']}; {time.perf_counter() - t0:.1f} s")
     print(json.dumps(r))

@@ -29,6 +29,7 @@ try:
         select,
         text_keys,
         tokenize,
+        window_bm25,
     )
 except ImportError as exc:  # pragma: no cover - exercised only on a broken install
     raise ImportError(
@@ -62,4 +63,5 @@ __all__ = [
     "select",
     "text_keys",
     "tokenize",
+    "window_bm25",
 ]

@@ -102,6 +102,16 @@ def hybrid_top_k(
     k: int,
     lexical_k: int,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+def window_bm25(
+    term_rows: Sequence[npt.ArrayLike],
+    term_tfs: Sequence[npt.ArrayLike],
+    nbr: npt.ArrayLike,
+    decay: npt.ArrayLike,
+    norm: npt.ArrayLike,
+    idf: npt.ArrayLike,
+    groups: Sequence[npt.ArrayLike],
+    k1: float,
+) -> npt.NDArray[np.float32]: ...
 def arrange(
     picked: npt.ArrayLike,
     starts: npt.ArrayLike,

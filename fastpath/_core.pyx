@@ -1487,6 +1487,180 @@ cdef int _check_rows(str name, cnp.ndarray rows, Py_ssize_t n) except -1:
     return 0
 
 
+def window_bm25(term_rows, term_tfs, nbr, decay, norm, idf, groups, double k1):
+    """BM25 of each row's window for groups of terms; see fastpath.reference.window_bm25 for the
+    exact rule. Sparse: a term's counts touch only its postings' rows and their neighbours; any
+    other row adds exactly 0 to a group's sum, unless its denominator is 0 or NaN (summed densely)."""
+    cdef cnp.ndarray nm = _arr("norm", norm, cnp.NPY_FLOAT32, np.float32, _FLOAT_KINDS, -1)
+    cdef Py_ssize_t n = cnp.PyArray_DIM(nm, 0)
+    cdef cnp.ndarray dc = _arr("decay", decay, cnp.NPY_FLOAT32, np.float32, _FLOAT_KINDS, -1)
+    cdef Py_ssize_t w = cnp.PyArray_DIM(dc, 0)
+    cdef cnp.ndarray nb = np.asarray(nbr)
+    if cnp.PyArray_NDIM(nb) != 2 or cnp.PyArray_DIM(nb, 0) != n or cnp.PyArray_DIM(nb, 1) != w or (
+            nb.size and nb.dtype.kind not in _INT_KINDS):
+        raise ValueError(f"nbr must be an integer array of shape ({n}, {w}), got {nb.dtype} {np.shape(nbr)}")
+    if not (cnp.PyArray_TYPE(nb) == cnp.NPY_INT32 and cnp.PyArray_IS_C_CONTIGUOUS(nb)):
+        if nb.size and (nb.min() < -1 or nb.max() >= n):  # before a narrowing cast could wrap a value
+            raise ValueError(f"nbr holds a row outside -1-{n - 1}")
+        nb = np.ascontiguousarray(nb, dtype=np.int32)
+    cdef const int32_t* pnb = <const int32_t*>_ptr(nb)
+    cdef Py_ssize_t i
+    for i in range(n * w):
+        if pnb[i] < -1 or pnb[i] >= n:
+            raise ValueError(f"nbr holds a row outside -1-{n - 1}")
+    _check_non_negative("decay", dc)
+    if len(term_rows) != len(term_tfs):
+        raise ValueError(f"term_tfs must have length {len(term_rows)}, got {len(term_tfs)}")
+    cdef Py_ssize_t n_terms = len(term_rows), n_groups = len(groups)
+    cdef cnp.ndarray idfs = _arr("idf", idf, cnp.NPY_FLOAT32, np.float32, _FLOAT_KINDS, n_terms)
+    cdef const float* pidf = <const float*>_ptr(idfs)
+    cdef Py_ssize_t t, g, j, c, m, r, q, total = 0, cap, size = 0
+    for t in range(n_terms):
+        if not (pidf[t] >= 0 and pidf[t] < math.inf):
+            raise ValueError("idf must be finite and >= 0")
+    cdef list slots = [], t_rows = [], t_tfs = []
+    cdef cnp.ndarray arr
+    for g in range(n_groups):  # (names are formatted only for an error: this runs on every query)
+        arr = _arr_or(groups[g], cnp.NPY_INT64, "groups", g, np.int64, _INT_KINDS, -1)
+        if not _rows_ok(arr, n_terms):
+            _check_rows(f"groups[{g}]", arr, n_terms)
+        slots.append(arr)
+    # The groups' term indices end to end, group g at gstart[g]:gstart[g + 1] (read without the GIL).
+    cdef cnp.ndarray all_slots = np.concatenate(slots) if slots else np.zeros(0, np.int64)
+    cdef cnp.ndarray gstart = np.zeros(n_groups + 1, np.int64)
+    np.cumsum([len(a) for a in slots], out=gstart[1:])
+    cdef const int64_t* ps = <const int64_t*>_ptr(all_slots)
+    cdef const int64_t* pg = <const int64_t*>_ptr(gstart)
+    for t in range(n_terms):
+        arr = _arr_or(term_rows[t], cnp.NPY_INT64, "term_rows", t, np.int64, _INT_KINDS, -1)
+        if not _rows_ok(arr, n):
+            _check_rows(f"term_rows[{t}]", arr, n)
+        t_rows.append(arr)
+        arr = _arr_or(term_tfs[t], cnp.NPY_FLOAT32, "term_tfs", t, np.float32, _FLOAT_KINDS,
+                      cnp.PyArray_DIM(<cnp.ndarray>t_rows[t], 0))
+        if not _non_negative(arr):
+            _check_non_negative(f"term_tfs[{t}]", arr)
+        t_tfs.append(arr)
+        total += cnp.PyArray_DIM(arr, 0)
+    cdef cnp.npy_intp dims[2]
+    dims[0], dims[1] = n_groups, n
+    cdef cnp.ndarray out = <cnp.ndarray>cnp.PyArray_ZEROS(2, dims, cnp.NPY_FLOAT32, 0)
+    cdef float* po = <float*>_ptr(out)
+    cdef const float* pn = <const float*>_ptr(nm)
+    cdef const float* pd = <const float*>_ptr(dc)
+    cdef const int64_t* prt
+    cdef const float* ptf
+    cdef float k1p = <float>(k1 + 1.0), k1f = <float>k1, x, weight, acc
+    cap = total * (w + 1)
+    cdef double* tw = <double*>malloc(n * sizeof(double) + 1)
+    cdef uint8_t* mark = <uint8_t*>calloc(n + 1, 1)
+    cdef int64_t* hit_row = <int64_t*>malloc(cap * sizeof(int64_t) + 1)
+    cdef float* hit_sat = <float*>malloc(cap * sizeof(float) + 1)
+    cdef Py_ssize_t* start = <Py_ssize_t*>malloc((n_terms + 1) * sizeof(Py_ssize_t))
+    try:
+        if tw == NULL or mark == NULL or hit_row == NULL or hit_sat == NULL or start == NULL:
+            raise MemoryError()
+        # Each term's touched rows and their saturated counts, term after term in one buffer.
+        for t in range(n_terms):
+            prt, ptf = <const int64_t*>_ptr(<cnp.ndarray>t_rows[t]), <const float*>_ptr(<cnp.ndarray>t_tfs[t])
+            m = cnp.PyArray_DIM(<cnp.ndarray>t_rows[t], 0)
+            start[t] = size
+            with nogil:
+                for j in range(m):  # each row's own tf first
+                    if ptf[j] > 0:
+                        r = prt[j]
+                        if mark[r]:  # a row listed twice in one term's postings
+                            tw[r] += <double>ptf[j]
+                        else:
+                            mark[r] = 1
+                            tw[r] = <double>ptf[j]
+                            hit_row[size] = r
+                            size += 1
+                for j in range(m):  # then its neighbours, decayed: a row that is my c-th has me as its (w-1-c)-th
+                    for c in range(w):
+                        r = pnb[prt[j] * w + c]
+                        weight = ptf[j] * pd[w - 1 - c]
+                        if r >= 0 and weight > 0:
+                            if not mark[r]:
+                                mark[r] = 1
+                                tw[r] = 0.0
+                                hit_row[size] = r
+                                size += 1
+                            tw[r] += <double>weight
+                for j in range(start[t], size):
+                    r = hit_row[j]
+                    mark[r] = 0
+                    x = <float>tw[r]
+                    hit_sat[j] = (x * k1p) / (x + k1f * pn[r])
+        start[n_terms] = size
+        with nogil:
+            for g in range(n_groups):
+                for q in range(pg[g], pg[g + 1]):
+                    t = ps[q]
+                    for j in range(start[t], start[t + 1]):
+                        r = hit_row[j]
+                        po[g * n + r] = po[g * n + r] + pidf[t] * hit_sat[j]
+        # A row whose denominator is 0 or NaN gets 0 / 0 = NaN (or NaN) from an untouched term too:
+        # those rows are summed densely, term by term in group order.
+        for r in range(n):
+            if k1f * pn[r] > 0:
+                continue
+            for g in range(n_groups):
+                acc = 0.0
+                for q in range(pg[g], pg[g + 1]):
+                    t = ps[q]
+                    acc = acc + pidf[t] * _window_sat(t, r, start, hit_row, hit_sat, k1p, k1f, pn[r])
+                po[g * n + r] = acc
+        for j in range(n_groups * n):  # one NaN, whatever its sign or payload (as the reference)
+            if isnan(po[j]):
+                po[j] = NAN
+        return out
+    finally:
+        free(tw)
+        free(mark)
+        free(hit_row)
+        free(hit_sat)
+        free(start)
+
+
+cdef cnp.ndarray _arr_or(object x, int typenum, str name, Py_ssize_t i, object dtype, str kinds, Py_ssize_t n):
+    """_arr(f"{name}[{i}]", ...) whose name is formatted only when x is not already what is wanted."""
+    if (type(x) is np.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>x) == 1 and cnp.PyArray_TYPE(<cnp.ndarray>x) == typenum
+            and cnp.PyArray_ISBEHAVED_RO(<cnp.ndarray>x) and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x)
+            and (n < 0 or cnp.PyArray_DIM(<cnp.ndarray>x, 0) == n)):
+        return <cnp.ndarray>x
+    return _arr(f"{name}[{i}]", x, typenum, dtype, kinds, n)
+
+
+cdef inline bint _rows_ok(cnp.ndarray rows, Py_ssize_t n) noexcept:
+    cdef const int64_t* p = <const int64_t*>_ptr(rows)
+    cdef Py_ssize_t j
+    for j in range(cnp.PyArray_DIM(rows, 0)):
+        if p[j] < 0 or p[j] >= n:
+            return False
+    return True
+
+
+cdef inline bint _non_negative(cnp.ndarray values) noexcept:
+    cdef const float* p = <const float*>_ptr(values)
+    cdef Py_ssize_t j
+    for j in range(cnp.PyArray_DIM(values, 0)):
+        if not p[j] >= 0:
+            return False
+    return True
+
+
+cdef inline float _window_sat(Py_ssize_t t, Py_ssize_t r, const Py_ssize_t* start, const int64_t* hit_row,
+                              const float* hit_sat, float k1p, float k1f, float norm) noexcept nogil:
+    """Term t's saturated count at row r: the stored one when t touched r, else that of a count of 0."""
+    cdef Py_ssize_t j
+    cdef float zero = 0.0
+    for j in range(start[t], start[t + 1]):
+        if hit_row[j] == r:
+            return hit_sat[j]
+    return (zero * k1p) / (zero + k1f * norm)
+
+
 def arrange(picked, starts, slots, orders, scores, tokens, Py_ssize_t n_slots):
     """Where the packed candidates go and in what order; see fastpath.reference.arrange."""
     cdef cnp.ndarray pk = _arr("picked", picked, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)

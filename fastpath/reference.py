@@ -637,6 +637,76 @@ def hybrid_top_k(term_rows: Sequence[Any], term_weights: Sequence[Any], dense_ro
             np.array([d for _, _, d in top], np.float32), np.array([lex.get(r, 0.0) for _, r, _ in top], np.float32))
 
 
+def _div32(a: float, b: float) -> float:
+    """float32 a / b with IEEE results where Python raises (x / 0)."""
+    if b == 0:
+        return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a) * math.copysign(1.0, b)
+    return _f32(a / b)
+
+
+def window_bm25(term_rows: Sequence[Any], term_tfs: Sequence[Any], nbr: Any, decay: Any, norm: Any, idf: Any,
+                groups: Sequence[Any], k1: float) -> np.ndarray:
+    """BM25 of each row's window (the row and its neighbours as one document) for groups of terms.
+
+    n = len(norm); nbr[r] (shape (n, w), -1 for none) are row r's neighbours, decay (w) their
+    weights: a row that is my c-th neighbour has me as its (w - 1 - c)-th, so a posting (row, tf) of
+    term t counts tf at its row and f32(tf * decay[w - 1 - c]) at nbr[row, c] (when > 0). Term t's
+    count at row r is summed in double, its row's own tf first, then its postings in order, c
+    ascending, then rounded to float32: x. sat_t[r] = f32(f32(x * f32(k1 + 1)) / f32(x +
+    f32(f32(k1) * norm[r]))). out[g, r] = the float32 sum, from 0 in the order of groups[g], of
+    f32(idf[p] * sat_p[r]) for the term indices p in groups[g]; a NaN (0 / 0 where norm is 0) is
+    the positive quiet NaN. Returns float32 (len(groups), n).
+    tfs, decay and idf must be >= 0 (idf finite), rows and slots in range, nbr in -1..n-1."""
+    nm = _array("norm", norm, np.float32, _FLOAT_KINDS).tolist()
+    n = len(nm)
+    dc = _array("decay", decay, np.float32, _FLOAT_KINDS).tolist()
+    w = len(dc)
+    nb = np.asarray(nbr)
+    if nb.shape != (n, w) or (nb.size and nb.dtype.kind not in _INT_KINDS):
+        raise ValueError(f"nbr must be an integer array of shape ({n}, {w}), got {nb.dtype} {nb.shape}")
+    nb_list = nb.tolist()
+    if any(not -1 <= x < n for row in nb_list for x in row):
+        raise ValueError(f"nbr holds a row outside -1-{n - 1}")
+    if not all(x >= 0 for x in dc):
+        raise ValueError("decay must be >= 0")
+    if len(term_rows) != len(term_tfs):
+        raise ValueError(f"term_tfs must have length {len(term_rows)}, got {len(term_tfs)}")
+    n_terms = len(term_rows)
+    idf_list = _array("idf", idf, np.float32, _FLOAT_KINDS, n_terms).tolist()
+    if not all(0 <= x < math.inf for x in idf_list):
+        raise ValueError("idf must be finite and >= 0")
+    slots = [_rows(f"groups[{g}]", grp, n_terms) for g, grp in enumerate(groups)]
+    k1p, k1f = _f32(k1 + 1.0), _f32(k1)
+    sats = []
+    for t in range(n_terms):
+        rows = _rows(f"term_rows[{t}]", term_rows[t], n)
+        tfs = _array(f"term_tfs[{t}]", term_tfs[t], np.float32, _FLOAT_KINDS, len(rows)).tolist()
+        if not all(x >= 0 for x in tfs):
+            raise ValueError(f"term_tfs[{t}] must be >= 0")
+        count: dict[int, float] = {}
+        for r, x in zip(rows, tfs, strict=True):
+            if x > 0:
+                count[r] = count.get(r, 0.0) + x
+        for r, x in zip(rows, tfs, strict=True):
+            for c in range(w):
+                target, weight = nb_list[r][c], _f32(x * dc[w - 1 - c])
+                if target >= 0 and weight > 0:
+                    count[target] = count.get(target, 0.0) + weight
+        sat = []
+        for r in range(n):
+            x = _f32(count.get(r, 0.0))
+            sat.append(_div32(_f32(x * k1p), _f32(x + _f32(k1f * nm[r]))))
+        sats.append(sat)
+    out = np.zeros((len(slots), n), np.float32)
+    for g, group in enumerate(slots):
+        for r in range(n):
+            acc = 0.0
+            for p in group:
+                acc = _f32(acc + _f32(idf_list[p] * sats[p][r]))
+            out[g, r] = math.nan if math.isnan(acc) else acc  # one NaN, whatever its sign or payload
+    return out
+
+
 def arrange(picked: Any, starts: Any, slots: Any, orders: Sequence[Any], scores: Any, tokens: Any,
             n_slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Where the packed candidates go and in what order.

@@ -619,10 +619,10 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
 
     def window_bm25_groups(self, groups: Sequence[Sequence[str]], decay: np.ndarray, k1: float, b: float
                            ) -> list[np.ndarray]:
-        """window_bm25 of each group of terms, their window counts taken in one pass. Sparse: each
-        posting adds its count to its own row and, decayed, to its neighbours' rows (all terms in one
-        bincount), so the cost follows the postings rather than rows x terms. A term's counts do not
-        depend on the other terms, so each group gets exactly what a call of its own would."""
+        """window_bm25 of each group of terms, their window counts taken once (fastpath.window_bm25,
+        compiled): each posting adds its count to its own row and, decayed, to its neighbours' rows,
+        so the cost follows the postings rather than rows x terms. A term's counts do not depend on
+        the other terms, so each group gets exactly what a call of its own would."""
         n = len(self.ids)
         slot: dict[str, int] = {}
         picked = []
@@ -643,30 +643,11 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             win_len = lens[:n] + lens[np.where(nbr < 0, n, nbr)] @ decay
             self._win_norm = (1.0 - b + b * win_len / max(float(win_len.mean()), 1.0)).astype(np.float32)
             self._win_key = key
-        rows = np.concatenate([p[0] for p in picked])
-        tfs = np.concatenate([p[1] for p in picked])
         sizes = np.array([len(p[0]) for p in picked])
-        which = np.repeat(np.arange(len(picked)), sizes)
         idf = np.log1p((n - sizes + 0.5) / (sizes + 0.5)).astype(np.float32)
-        width = decay.shape[0]
-        # A row that is my c-th neighbour has me as its (width - 1 - c)-th: mirrored decay.
-        targets = np.concatenate([rows, self.nbr[rows, :width].ravel()])
-        weights = np.concatenate([tfs, (tfs[:, None] * decay[::-1]).ravel()])
-        owners = np.concatenate([which, np.repeat(which, width)])
-        ok = (targets >= 0) & (weights > 0)
-        tw = np.bincount(owners[ok] * n + targets[ok], weights[ok], minlength=len(picked) * n)
-        tw = tw.reshape(len(picked), n).astype(np.float32)
-        saturated = tw * (k1 + 1.0) / (tw + k1 * self._win_norm)
-        out = []
-        for group in groups:
-            at = [slot[t] for t in dict.fromkeys(group) if slot[t] >= 0]
-            if not at:
-                out.append(np.zeros(n, np.float32))
-            elif at == list(range(len(picked))):  # e.g. a single group: no copy
-                out.append(idf @ saturated)
-            else:
-                out.append(idf[at] @ saturated[at])
-        return out
+        at = [[slot[t] for t in dict.fromkeys(group) if slot[t] >= 0] for group in groups]
+        return list(fastpath.window_bm25([p[0] for p in picked], [p[1] for p in picked], self.nbr[:n],
+                                         decay, self._win_norm, idf, at, k1))
 
     def smooth(self, scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """scores[i] + sum_k weights[k] * scores[k-th neighbour of i]; scores carries a 0 sentinel at n."""
