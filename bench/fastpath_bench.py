@@ -189,6 +189,38 @@ def numpy_window_bm25(rows, tfs, nbr, decay, norm, idf, groups, k1):
     return [idf[g] @ saturated[g] for g in groups]
 
 
+def make_cooccurrence(rng: np.random.Generator, n: int = 660, vocab: int = 2500) -> tuple:
+    """A LoCoMo user's turns for the co-occurrence expansion: n turns of 6-20 distinct terms (Zipf-like
+    frequencies), three query terms on 10-60 turns each, five terms wanted."""
+    weights = 1.0 / np.arange(1, vocab + 1)
+    per_row = [np.unique(rng.choice(vocab, size=int(rng.integers(6, 20)), p=weights / weights.sum())) for _ in range(n)]
+    ptr = np.concatenate([[0], np.cumsum([len(x) for x in per_row])]).astype(np.int64)
+    at = np.concatenate(per_row).astype(np.int32)
+    df = np.maximum(np.bincount(at, minlength=vocab), 1).astype(np.int32)
+    rows = [np.sort(rng.choice(n, size=int(rng.integers(10, 60)), replace=False)).astype(np.int64) for _ in range(3)]
+    return rows, ptr, at, df, n, 2, np.array([1, 2, 3], np.int64), 5
+
+
+def numpy_cooccurring_terms(rows, ptr, at, df, n, min_count, exclude, k):
+    """The baseline: the same gains with numpy (one bincount over every query term's turns' terms), as
+    the episodic ranker did before fastpath.cooccurring_terms."""
+    size = len(df)
+    sizes = np.array([len(p) for p in rows])
+    all_rows = np.concatenate(rows)
+    starts = ptr[all_rows]
+    lens = ptr[all_rows + 1] - starts
+    idx = np.repeat(starts - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+    owner = np.repeat(np.repeat(np.arange(len(rows)), sizes), lens)
+    together = np.bincount(owner * size + at[idx], minlength=len(rows) * size)
+    hit = np.flatnonzero(together >= max(min_count, 1))
+    share = together[hit] / sizes[hit // size]
+    gain = np.maximum(np.log(n * share / df[hit % size]), 0.0) * share
+    acc = np.bincount(hit % size, gain, minlength=size)
+    acc[exclude] = 0.0
+    best = np.flatnonzero(acc > 0)
+    return best[np.argsort(-acc[best], kind="stable")[:k]]
+
+
 def measure(quick: bool) -> dict[str, Any]:
     fp, ref = _fastpath()
     rng = random.Random(20240611)
@@ -225,7 +257,21 @@ def measure(quick: bool) -> dict[str, Any]:
     agree = agree and np.array_equal(wb_got.view(np.uint32), ref.window_bm25(*window).view(np.uint32))
     wb_close = all(np.allclose(a, b, rtol=1e-5) for a, b in zip(wb_got, numpy_window_bm25(*window), strict=True))
 
+    cooc = make_cooccurrence(np.random.default_rng(13))
+    co_fast = median_us(lambda: fp.cooccurring_terms(*cooc), reps=50 if quick else 300, inner=10)
+    co_numpy = median_us(lambda: numpy_cooccurring_terms(*cooc), reps=50 if quick else 300, inner=10)
+    co_ref = median_us(lambda: ref.cooccurring_terms(*cooc), reps=3 if quick else 10)
+    co_got = fp.cooccurring_terms(*cooc)
+    agree = agree and all(np.array_equal(a, b) for a, b in zip(co_got, ref.cooccurring_terms(*cooc), strict=True))
+    co_same = co_got[0].tolist() == numpy_cooccurring_terms(*cooc).tolist()
+
     return {
+        "cooccurring_terms_fast_us": round(co_fast, 1),
+        "cooccurring_terms_numpy_us": round(co_numpy, 1),
+        "cooccurring_terms_reference_us": round(co_ref, 1),
+        "cooccurring_terms_vs_numpy": round(co_numpy / co_fast, 1),
+        "cooccurring_terms_speedup": round(co_ref / co_fast, 1),
+        "cooccurring_terms_same_as_numpy": co_same,
         "window_bm25_rows": len(window[4]),
         "window_bm25_fast_us": round(wb_fast, 1),
         "window_bm25_numpy_us": round(wb_numpy, 1),
@@ -278,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
           f"numpy baseline {r['window_bm25_numpy_us']:.0f} us (x{r['window_bm25_vs_numpy']}, same within 1e-5: "
           f"{r['window_bm25_close_to_numpy']}), reference {r['window_bm25_reference_us']:.0f} us "
           f"(x{r['window_bm25_speedup']})")
+    print(f"cooccurring_terms (660 turns, 3 query terms): compiled {r['cooccurring_terms_fast_us']:.0f} us, numpy "
+          f"baseline {r['cooccurring_terms_numpy_us']:.0f} us (x{r['cooccurring_terms_vs_numpy']}, same terms: "
+          f"{r['cooccurring_terms_same_as_numpy']}), reference {r['cooccurring_terms_reference_us']:.0f} us "
+          f"(x{r['cooccurring_terms_speedup']})")
     print(f"greedy / optimum (200 x 40 items): {r['greedy_vs_optimum']:.3f}; "
           f"compiled == reference: {r['agree']}; {time.perf_counter() - t0:.1f} s")
     print(json.dumps(r))

@@ -112,6 +112,16 @@ def window_bm25(
     groups: Sequence[npt.ArrayLike],
     k1: float,
 ) -> npt.NDArray[np.float32]: ...
+def cooccurring_terms(
+    term_rows: Sequence[npt.ArrayLike],
+    term_ptr: npt.ArrayLike,
+    term_at: npt.ArrayLike,
+    term_df: npt.ArrayLike,
+    n_rows: float,
+    min_count: int,
+    exclude: npt.ArrayLike,
+    k: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]: ...
 def arrange(
     picked: npt.ArrayLike,
     starts: npt.ArrayLike,

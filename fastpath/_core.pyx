@@ -6,7 +6,7 @@ validate and convert inputs, then hand raw contiguous buffers to nogil kernels (
 _core.pxd so other Cython modules can cimport them).
 """
 
-from libc.math cimport NAN, exp, isinf, isnan, sqrt
+from libc.math cimport NAN, exp, isinf, isnan, log, sqrt
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset
@@ -1659,6 +1659,112 @@ cdef inline float _window_sat(Py_ssize_t t, Py_ssize_t r, const Py_ssize_t* star
         if hit_row[j] == r:
             return hit_sat[j]
     return (zero * k1p) / (zero + k1f * norm)
+
+
+def cooccurring_terms(term_rows, term_ptr, term_at, term_df, double n_rows, Py_ssize_t min_count, exclude,
+                      Py_ssize_t k):
+    """The k terms said most with some query terms, by positive PMI; see
+    fastpath.reference.cooccurring_terms for the exact rule. Only the rows of the query terms are read."""
+    cdef cnp.ndarray ptr = _arr("term_ptr", term_ptr, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    cdef cnp.ndarray at = _arr("term_at", term_at, cnp.NPY_INT32, np.int32, _INT_KINDS, -1)
+    cdef cnp.ndarray df = _arr("term_df", term_df, cnp.NPY_INT32, np.int32, _INT_KINDS, -1)
+    cdef cnp.ndarray ex = _arr("exclude", exclude, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    cdef Py_ssize_t n = cnp.PyArray_DIM(ptr, 0) - 1, size = cnp.PyArray_DIM(df, 0), n_at = cnp.PyArray_DIM(at, 0)
+    cdef const int64_t* pp = <const int64_t*>_ptr(ptr)
+    cdef const int32_t* pa = <const int32_t*>_ptr(at)
+    cdef const int32_t* pdf = <const int32_t*>_ptr(df)
+    cdef const int64_t* pex = <const int64_t*>_ptr(ex)
+    cdef Py_ssize_t i, j, e, r, v, nt, n_acc = 0, m, minc = min_count if min_count > 1 else 1
+    if not n_rows >= 0:
+        raise ValueError(f"n_rows must be >= 0, got {n_rows}")
+    if n < 0:
+        raise ValueError("term_ptr must rise from 0 to at most len(term_at)")
+    for r in range(n):
+        if not (0 <= pp[r] <= pp[r + 1] <= n_at):
+            raise ValueError("term_ptr must rise from 0 to at most len(term_at)")
+    cdef list rows_list = []
+    cdef cnp.ndarray arr
+    for i in range(len(term_rows)):
+        arr = _arr_or(term_rows[i], cnp.NPY_INT64, "term_rows", i, np.int64, _INT_KINDS, -1)
+        if not _rows_ok(arr, n):
+            _check_rows(f"term_rows[{i}]", arr, n)
+        rows_list.append(arr)
+    cdef int32_t* together = <int32_t*>calloc(size + 1, sizeof(int32_t))
+    cdef int64_t* touched = <int64_t*>malloc((size + 1) * sizeof(int64_t))
+    cdef double* acc = <double*>calloc(size + 1, sizeof(double))
+    cdef uint8_t* in_acc = <uint8_t*>calloc(size + 1, 1)
+    cdef int64_t* acc_ids = <int64_t*>malloc((size + 1) * sizeof(int64_t))
+    cdef const int64_t* prow
+    cdef double share, gain
+    cdef bint failed = False
+    cdef cnp.ndarray out_ids, out_gains
+    try:
+        if together == NULL or touched == NULL or acc == NULL or in_acc == NULL or acc_ids == NULL:
+            raise MemoryError()
+        for i in range(len(rows_list)):
+            prow, m = <const int64_t*>_ptr(<cnp.ndarray>rows_list[i]), cnp.PyArray_DIM(<cnp.ndarray>rows_list[i], 0)
+            nt = 0
+            with nogil:
+                for j in range(m):
+                    r = prow[j]
+                    for e in range(pp[r], pp[r + 1]):
+                        v = pa[e]
+                        if v < 0 or v >= size:
+                            failed = True
+                            break
+                        if together[v] == 0:
+                            touched[nt] = v
+                            nt += 1
+                        together[v] += 1
+                    if failed:
+                        break
+            if failed:
+                raise ValueError(f"term_at holds term {v}, outside 0-{size - 1}")
+            # Each term gains once per query term, so the order of the terms within one does not matter.
+            for j in range(nt):
+                v = touched[j]
+                if together[v] >= minc:
+                    if pdf[v] < 1:
+                        raise ValueError(f"term_df[{v}] must be >= 1 (the term is in term_at)")
+                    share = <double>together[v] / <double>m
+                    gain = log(n_rows * share / <double>pdf[v])
+                    acc[v] += (gain if gain > 0.0 else 0.0) * share
+                    if not in_acc[v]:
+                        in_acc[v] = 1
+                        acc_ids[n_acc] = v
+                        n_acc += 1
+                together[v] = 0
+        for j in range(cnp.PyArray_DIM(ex, 0)):
+            if 0 <= pex[j] < size:
+                acc[pex[j]] = 0.0
+        nt = 0  # the k best so far, best first, in touched[0:nt]
+        for j in range(n_acc if k > 0 else 0):
+            v = acc_ids[j]
+            if not acc[v] > 0 or (nt == k and not _gains_more(acc, v, touched[k - 1])):
+                continue
+            e = nt if nt < k else k - 1
+            while e > 0 and _gains_more(acc, v, touched[e - 1]):
+                touched[e] = touched[e - 1]
+                e -= 1
+            touched[e] = v
+            if nt < k:
+                nt += 1
+        out_ids, out_gains = _empty(nt, cnp.NPY_INT64), _empty(nt, cnp.NPY_FLOAT64)
+        for j in range(nt):
+            (<int64_t*>_ptr(out_ids))[j] = touched[j]
+            (<double*>_ptr(out_gains))[j] = acc[touched[j]]
+        return out_ids, out_gains
+    finally:
+        free(together)
+        free(touched)
+        free(acc)
+        free(in_acc)
+        free(acc_ids)
+
+
+cdef inline bint _gains_more(const double* acc, int64_t a, int64_t b) noexcept nogil:
+    """a before b: the higher gain, then the lower id."""
+    return acc[a] > acc[b] or (acc[a] == acc[b] and a < b)
 
 
 def arrange(picked, starts, slots, orders, scores, tokens, Py_ssize_t n_slots):

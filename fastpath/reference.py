@@ -707,6 +707,47 @@ def window_bm25(term_rows: Sequence[Any], term_tfs: Sequence[Any], nbr: Any, dec
     return out
 
 
+def cooccurring_terms(term_rows: Sequence[Any], term_ptr: Any, term_at: Any, term_df: Any, n_rows: int,
+                      min_count: int, exclude: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k terms said most with some query terms, by positive pointwise mutual information.
+
+    Row r holds the term ids term_at[term_ptr[r]:term_ptr[r + 1]]; term_df[v] is the number of rows
+    holding v. For each query term i in order (its rows term_rows[i], size_i of them), every term v
+    found in at least max(min_count, 1) of those rows (together) gains, in double,
+    max(log(n_rows * share / term_df[v]), 0) * share with share = together / size_i, summed over the
+    query terms in order. Excluded ids gain nothing. Returns (ids int64[m], gains float64[m]): the k
+    ids with the highest positive gain, ties by id ascending. Rows must be in 0..len(term_ptr) - 2,
+    term ids in 0..len(term_df) - 1, and a term found must have term_df >= 1."""
+    ptr = _array("term_ptr", term_ptr, np.int64, _INT_KINDS).tolist()
+    at = _array("term_at", term_at, np.int32, _INT_KINDS).tolist()
+    df = _array("term_df", term_df, np.int32, _INT_KINDS).tolist()
+    n, size = len(ptr) - 1, len(df)
+    if not n_rows >= 0:
+        raise ValueError(f"n_rows must be >= 0, got {n_rows}")
+    if n < 0 or any(not 0 <= ptr[r] <= ptr[r + 1] <= len(at) for r in range(n)):
+        raise ValueError("term_ptr must rise from 0 to at most len(term_at)")
+    acc: dict[int, float] = {}
+    for i, rows_i in enumerate(term_rows):
+        rows = _rows(f"term_rows[{i}]", rows_i, n)
+        together: dict[int, int] = {}
+        for r in rows:
+            for v in at[ptr[r]:ptr[r + 1]]:
+                if not 0 <= v < size:
+                    raise ValueError(f"term_at holds term {v}, outside 0-{size - 1}")
+                together[v] = together.get(v, 0) + 1
+        for v in sorted(together):
+            if together[v] >= max(min_count, 1):
+                if df[v] < 1:
+                    raise ValueError(f"term_df[{v}] must be >= 1 (the term is in term_at)")
+                share = together[v] / len(rows)
+                ratio = n_rows * share / df[v]
+                acc[v] = acc.get(v, 0.0) + max(math.log(ratio) if ratio > 0 else -math.inf, 0.0) * share
+    for v in _array("exclude", exclude, np.int64, _INT_KINDS).tolist():
+        acc.pop(v, None)
+    best = sorted((-g, v) for v, g in acc.items() if g > 0)[:max(k, 0)]
+    return np.array([v for _, v in best], np.int64), np.array([-g for g, _ in best], np.float64)
+
+
 def arrange(picked: Any, starts: Any, slots: Any, orders: Sequence[Any], scores: Any, tokens: Any,
             n_slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Where the packed candidates go and in what order.

@@ -693,3 +693,70 @@ def test_window_bm25_check_inputs(impl):
         impl.window_bm25(rows, tfs, nbr, decay, norm, np.full(1, np.inf, np.float32), [[0]], 1.2)
     with pytest.raises(ValueError, match="idf must have length 1"):
         impl.window_bm25(rows, tfs, nbr, decay, norm, np.ones(2, np.float32), [[0]], 1.2)
+
+
+@FAST
+@given(st.data())
+def test_cooccurring_terms_match_reference(data):
+    """Rows holding no term or one term twice, query terms sharing rows, empty query terms, excluded
+    ids (some outside the vocabulary), ties, k of 0 or more than there are: compiled and reference agree
+    bit for bit; and both follow the rule written with numpy (bincount per query term, PMI, sum)."""
+    n = data.draw(st.integers(0, 20))
+    size = data.draw(st.integers(1, 12))
+    per_row = [data.draw(st.lists(st.integers(0, size - 1), max_size=5)) for _ in range(n)]
+    ptr = np.concatenate([[0], np.cumsum([len(x) for x in per_row])]).astype(np.int64)
+    at = np.array([v for x in per_row for v in x], np.int32)
+    df = np.bincount(at, minlength=size).astype(np.int32) + np.array(
+        data.draw(st.lists(st.integers(0, 3), min_size=size, max_size=size)), np.int32)
+    df = np.maximum(df, 1).astype(np.int32)
+    rows = st.integers(0, n - 1) if n else st.nothing()
+    term_rows = [np.array(sorted(set(data.draw(st.lists(rows, max_size=8 if n else 0)))), np.int64)
+                 for _ in range(data.draw(st.integers(0, 4)))]
+    exclude = np.array(data.draw(st.lists(st.integers(0, size + 2), max_size=3)), np.int64)
+    n_rows, min_count, k = data.draw(st.sampled_from([n, n + 5, 0])), data.draw(st.integers(0, 3)), data.draw(st.integers(-1, 6))
+    args = (term_rows, ptr, at, df, n_rows, min_count, exclude, k)
+    got, want = fastpath.cooccurring_terms(*args), ref.cooccurring_terms(*args)
+    assert same(got[0], want[0]) and same_floats(got[1], want[1])
+    acc = np.zeros(size)
+    for r in term_rows:
+        if len(r):
+            together = np.bincount(np.concatenate([at[ptr[x]:ptr[x + 1]] for x in r] + [np.zeros(0, np.int32)]),
+                                   minlength=size)
+            share = together / len(r)
+            with np.errstate(divide="ignore"):
+                gain = np.maximum(np.log(n_rows * share / df), 0.0) * share
+            acc += np.where(together >= max(min_count, 1), gain, 0.0)
+    acc[exclude[exclude < size]] = 0.0
+    expect = sorted((-g, v) for v, g in enumerate(acc.tolist()) if g > 0)[:max(k, 0)]
+    assert np.allclose(got[1], [-g for g, _ in expect], rtol=1e-12)
+    assert len(got[0]) == len(expect)
+
+
+@IMPLS
+def test_cooccurring_terms_check_inputs(impl):
+    ptr, at, df = np.array([0, 2, 3]), np.array([0, 1, 1], np.int32), np.array([1, 2], np.int32)
+    with pytest.raises(ValueError, match=r"term_rows\[0\] holds row 2, outside 0-1"):
+        impl.cooccurring_terms([np.array([2])], ptr, at, df, 2, 1, [], 3)
+    with pytest.raises(ValueError, match="term_at holds term 5, outside 0-1"):
+        impl.cooccurring_terms([np.array([0])], ptr, np.array([0, 5, 1], np.int32), df, 2, 1, [], 3)
+    with pytest.raises(ValueError, match="term_ptr must rise"):
+        impl.cooccurring_terms([np.array([0])], np.array([0, 4, 3]), at, df, 2, 1, [], 3)
+    with pytest.raises(ValueError, match=r"term_df\[1\] must be >= 1"):
+        impl.cooccurring_terms([np.array([0])], ptr, at, np.array([1, 0], np.int32), 2, 1, [], 3)
+    with pytest.raises(ValueError, match="n_rows must be >= 0"):
+        impl.cooccurring_terms([np.array([0])], ptr, at, df, -1, 1, [], 3)
+
+
+@IMPLS
+def test_cooccurring_terms_rank_by_gain_then_id(impl):
+    """Terms 3, 1 and 2 are in both rows of the query term: equal gains, ranked by id. Term 0 is in one
+    of them (a lower gain, and none with min_count 2); term 4 is excluded; k cuts the list."""
+    rows = [[3, 1, 2, 0, 4], [2, 1, 3, 4], [5]]
+    ptr = np.array([0, 5, 9, 10], np.int64)
+    at = np.array([v for r in rows for v in r], np.int32)
+    df = np.array([1, 2, 2, 2, 2, 1], np.int32)
+    ids, gains = impl.cooccurring_terms([np.array([0, 1])], ptr, at, df, 3, 1, [4], 2)
+    assert ids.tolist() == [1, 2] and gains[0] == gains[1] > 0
+    ids, gains = impl.cooccurring_terms([np.array([0, 1])], ptr, at, df, 3, 1, [4], 9)
+    assert ids.tolist() == [1, 2, 3, 0] and gains[2] > gains[3] > 0
+    assert impl.cooccurring_terms([np.array([0, 1])], ptr, at, df, 3, 2, [4], 9)[0].tolist() == [1, 2, 3]

@@ -771,20 +771,9 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
                   if q not in QUESTION_WORDS and (a := self._arrays(q)) is not None]
         if not picked:
             return []
-        sizes = np.array([len(p) for p in picked])
-        rows = np.concatenate(picked)
-        starts = self.term_ptr[rows]
-        lens = self.term_ptr[rows + 1] - starts
-        at = np.repeat(starts - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
-        owner = np.repeat(np.repeat(np.arange(len(picked)), sizes), lens)
-        together = np.bincount(owner * size + self.term_at[at], minlength=len(picked) * size)
-        hit = np.flatnonzero(together >= max(r.assoc_min, 1))
-        share = together[hit] / sizes[hit // size]
-        gain = np.maximum(np.log(n * share / self.term_df[hit % size]), 0.0) * share
-        acc = np.bincount(hit % size, gain, minlength=size)
-        acc[[self.vocab[t] for t in {*query_terms, *names} if t in self.vocab]] = 0.0
-        best = np.flatnonzero(acc > 0)
-        best = best[np.argsort(-acc[best], kind="stable")[: r.assoc_terms]]
+        exclude = [self.vocab[t] for t in {*query_terms, *names} if t in self.vocab]
+        best, _ = fastpath.cooccurring_terms(picked, self.term_ptr[:n + 1], self.term_at[:int(self.term_ptr[n])],
+                                             self.term_df[:size], n, r.assoc_min, exclude, r.assoc_terms)
         return [self.words[i] for i in best.tolist()]
 
     def _feedback(self, score: np.ndarray, query_terms: set[str], r: Ranking) -> list[str]:
