@@ -278,11 +278,15 @@ _DAY_RES = (re.compile(r"\b(?P<d>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<m>" + 
             re.compile(r"\b(?P<m>" + _MONTH_ALT + r")\b\.?\s+(?P<d>\d{1,2})(?:st|nd|rd|th)?\b(?!:)(?:,?\s+(?P<y>\d{4}))?",
                        re.I))
 _EPOCH = dt.date(1970, 1, 1).toordinal()
+# Every date pattern above needs a digit or a month's name: a query with neither skips them all.
+_DATE_HINT = re.compile(r"\d|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)", re.I)
 
 
 def query_dates(query: str) -> tuple[set[tuple[int, int]], set[int]]:
     """(year-or-0, month) pairs and bare years named in a query ("in May 2023", "in 2022"); a year
     named with a month is not also a bare year."""
+    if not _DATE_HINT.search(query):
+        return set(), set()
     found = _MONTH_RE.findall(query)
     months = {(int(y) if y else 0, _MONTHS[m.lower()]) for m, y in found
               if m.lower() != "may" or y}  # "may" alone is the verb far more often than the month
@@ -298,6 +302,8 @@ def query_dates(query: str) -> tuple[set[tuple[int, int]], set[int]]:
 def query_days(query: str) -> set[dt.date]:
     """Calendar days a query names; a day without its year takes the query's only year."""
     out: set[dt.date] = set()
+    if not _DATE_HINT.search(query):
+        return out
     years = {int(y) for y in _YEAR_RE.findall(query)}
     for pattern in _DAY_RES:
         for m in pattern.finditer(query):
