@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                        help=f"DuckDB's buffer pool limit (env SIDECAR_DUCKDB_MEMORY, default {DEFAULT_MEMORY_LIMIT})")
     serve.add_argument("--cpus", type=cpu_list, default=os.environ.get("SIDECAR_CPUS") or None,
                        help="run on these CPUs only, e.g. 1 or 0,2-3 (env SIDECAR_CPUS; default: any). One core "
-                            "keeps the gRPC threads' hand-offs on one cache: lower latency (README, Deployment)")
+                            "keeps the gRPC threads' hand-offs on one cache: lower latency (README: Running it)")
     migrate = sub.add_parser("migrate", help="apply the versioned schema to a store and print its version")
     migrate.add_argument("--db", default="./data/sidecar.duckdb")
     migrate.add_argument("--store", default=os.environ.get("SIDECAR_STORE"))
