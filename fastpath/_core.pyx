@@ -97,25 +97,31 @@ cdef str _FLOAT_KINDS = "biuf"
 cdef str _INT_KINDS = "biu"
 
 
-cdef cnp.ndarray _arr(str name, object x, int typenum, object dtype, str kinds, Py_ssize_t n):
-    """x as a behaved contiguous 1-D array of dtype (typenum); ValueError naming `name` otherwise."""
-    cdef cnp.ndarray a = np.asarray(x)
+cdef inline str _label(str name, Py_ssize_t index):
+    """name, or name[index] for one array of a list (formatted only for an error message)."""
+    return name if index < 0 else f"{name}[{index}]"
+
+
+cdef cnp.ndarray _arr(str name, object x, int typenum, object dtype, str kinds, Py_ssize_t n, Py_ssize_t index=-1):
+    """x as a behaved contiguous 1-D array of dtype (typenum); ValueError naming `name` (or
+    name[index]) otherwise."""
+    cdef cnp.ndarray a = <cnp.ndarray>x if type(x) is np.ndarray else np.asarray(x)  # no call for an array
     if cnp.PyArray_NDIM(a) != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {np.shape(x)}")
+        raise ValueError(f"{_label(name, index)} must be 1-D, got shape {np.shape(x)}")
     if n >= 0 and cnp.PyArray_DIM(a, 0) != n:
-        raise ValueError(f"{name} must have length {n}, got {cnp.PyArray_DIM(a, 0)}")
+        raise ValueError(f"{_label(name, index)} must have length {n}, got {cnp.PyArray_DIM(a, 0)}")
     # Fast path: already the right native type and contiguous (the service's normal case).
     if (cnp.PyArray_TYPE(a) == typenum and cnp.PyArray_ISBEHAVED_RO(a)
             and cnp.PyArray_IS_C_CONTIGUOUS(a)):
         return a
     if a.dtype.kind not in kinds and a.size:  # an empty list arrives as float64; let it through
-        raise ValueError(f"{name} has unsupported dtype {a.dtype}")
+        raise ValueError(f"{_label(name, index)} has unsupported dtype {a.dtype}")
     target = np.dtype(dtype)
     if a.dtype != target and target.kind == "i" and a.size and not np.can_cast(a.dtype, target):
         # Narrowing integer casts would wrap silently; refuse values that do not fit.
         info = np.iinfo(target)
         if a.min() < info.min or a.max() > info.max:
-            raise ValueError(f"{name} has values outside the range of {target}")
+            raise ValueError(f"{_label(name, index)} has values outside the range of {target}")
     return np.ascontiguousarray(a, dtype=target)
 
 
@@ -1368,11 +1374,11 @@ def hybrid_top_k(term_rows, term_weights, dense_rows, vectors, query, prior, ali
     cdef Py_ssize_t t, j, m, size = 0, n_cand = 0, total = 0, n_dense = cnp.PyArray_DIM(dr, 0)
     cdef cnp.ndarray rows_t, weights_t
     for t in range(len(term_rows)):
-        rows_t = _arr(f"term_rows[{t}]", term_rows[t], cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
-        weights_t = _arr(f"term_weights[{t}]", term_weights[t], cnp.NPY_FLOAT32, np.float32, _FLOAT_KINDS,
-                         cnp.PyArray_DIM(rows_t, 0))
-        _check_rows(f"term_rows[{t}]", rows_t, n)
-        _check_non_negative(f"term_weights[{t}]", weights_t)
+        rows_t = _arr("term_rows", term_rows[t], cnp.NPY_INT64, np.int64, _INT_KINDS, -1, t)
+        weights_t = _arr("term_weights", term_weights[t], cnp.NPY_FLOAT32, np.float32, _FLOAT_KINDS,
+                         cnp.PyArray_DIM(rows_t, 0), t)
+        _check_rows("term_rows", rows_t, n, t)
+        _check_non_negative("term_weights", weights_t, t)
         t_rows.append(rows_t)
         t_weights.append(weights_t)
         total += cnp.PyArray_DIM(rows_t, 0)
@@ -1469,21 +1475,21 @@ def hybrid_top_k(term_rows, term_weights, dense_rows, vectors, query, prior, ali
         free(cand)
 
 
-cdef int _check_non_negative(str name, cnp.ndarray values) except -1:
+cdef int _check_non_negative(str name, cnp.ndarray values, Py_ssize_t index=-1) except -1:
     cdef const float* p = <const float*>_ptr(values)
     cdef Py_ssize_t j
     for j in range(cnp.PyArray_DIM(values, 0)):
         if not p[j] >= 0:  # also NaN
-            raise ValueError(f"{name} must be >= 0")
+            raise ValueError(f"{_label(name, index)} must be >= 0")
     return 0
 
 
-cdef int _check_rows(str name, cnp.ndarray rows, Py_ssize_t n) except -1:
+cdef int _check_rows(str name, cnp.ndarray rows, Py_ssize_t n, Py_ssize_t index=-1) except -1:
     cdef const int64_t* p = <const int64_t*>_ptr(rows)
     cdef Py_ssize_t j
     for j in range(cnp.PyArray_DIM(rows, 0)):
         if p[j] < 0 or p[j] >= n:
-            raise ValueError(f"{name} holds row {p[j]}, outside 0-{n - 1}")
+            raise ValueError(f"{_label(name, index)} holds row {p[j]}, outside 0-{n - 1}")
     return 0
 
 
@@ -1520,10 +1526,9 @@ def window_bm25(term_rows, term_tfs, nbr, decay, norm, idf, groups, double k1):
             raise ValueError("idf must be finite and >= 0")
     cdef list slots = [], t_rows = [], t_tfs = []
     cdef cnp.ndarray arr
-    for g in range(n_groups):  # (names are formatted only for an error: this runs on every query)
-        arr = _arr_or(groups[g], cnp.NPY_INT64, "groups", g, np.int64, _INT_KINDS, -1)
-        if not _rows_ok(arr, n_terms):
-            _check_rows(f"groups[{g}]", arr, n_terms)
+    for g in range(n_groups):
+        arr = _arr("groups", groups[g], cnp.NPY_INT64, np.int64, _INT_KINDS, -1, g)
+        _check_rows("groups", arr, n_terms, g)
         slots.append(arr)
     # The groups' term indices end to end, group g at gstart[g]:gstart[g + 1] (read without the GIL).
     cdef cnp.ndarray all_slots = np.concatenate(slots) if slots else np.zeros(0, np.int64)
@@ -1532,14 +1537,12 @@ def window_bm25(term_rows, term_tfs, nbr, decay, norm, idf, groups, double k1):
     cdef const int64_t* ps = <const int64_t*>_ptr(all_slots)
     cdef const int64_t* pg = <const int64_t*>_ptr(gstart)
     for t in range(n_terms):
-        arr = _arr_or(term_rows[t], cnp.NPY_INT64, "term_rows", t, np.int64, _INT_KINDS, -1)
-        if not _rows_ok(arr, n):
-            _check_rows(f"term_rows[{t}]", arr, n)
+        arr = _arr("term_rows", term_rows[t], cnp.NPY_INT64, np.int64, _INT_KINDS, -1, t)
+        _check_rows("term_rows", arr, n, t)
         t_rows.append(arr)
-        arr = _arr_or(term_tfs[t], cnp.NPY_FLOAT32, "term_tfs", t, np.float32, _FLOAT_KINDS,
-                      cnp.PyArray_DIM(<cnp.ndarray>t_rows[t], 0))
-        if not _non_negative(arr):
-            _check_non_negative(f"term_tfs[{t}]", arr)
+        arr = _arr("term_tfs", term_tfs[t], cnp.NPY_FLOAT32, np.float32, _FLOAT_KINDS,
+                   cnp.PyArray_DIM(<cnp.ndarray>t_rows[t], 0), t)
+        _check_non_negative("term_tfs", arr, t)
         t_tfs.append(arr)
         total += cnp.PyArray_DIM(arr, 0)
     cdef cnp.npy_intp dims[2]
@@ -1550,7 +1553,7 @@ def window_bm25(term_rows, term_tfs, nbr, decay, norm, idf, groups, double k1):
     cdef const float* pd = <const float*>_ptr(dc)
     cdef const int64_t* prt
     cdef const float* ptf
-    cdef float k1p = <float>(k1 + 1.0), k1f = <float>k1, x, weight, acc
+    cdef float k1p = <float>(k1 + 1.0), k1f = <float>k1, weight, acc
     cap = total * (w + 1)
     cdef double* tw = <double*>malloc(n * sizeof(double) + 1)
     cdef uint8_t* mark = <uint8_t*>calloc(n + 1, 1)
@@ -1590,8 +1593,7 @@ def window_bm25(term_rows, term_tfs, nbr, decay, norm, idf, groups, double k1):
                 for j in range(start[t], size):
                     r = hit_row[j]
                     mark[r] = 0
-                    x = <float>tw[r]
-                    hit_sat[j] = (x * k1p) / (x + k1f * pn[r])
+                    hit_sat[j] = _saturate(<float>tw[r], k1p, k1f, pn[r])
         start[n_terms] = size
         with nogil:
             for g in range(n_groups):
@@ -1623,42 +1625,19 @@ def window_bm25(term_rows, term_tfs, nbr, decay, norm, idf, groups, double k1):
         free(start)
 
 
-cdef cnp.ndarray _arr_or(object x, int typenum, str name, Py_ssize_t i, object dtype, str kinds, Py_ssize_t n):
-    """_arr(f"{name}[{i}]", ...) whose name is formatted only when x is not already what is wanted."""
-    if (type(x) is np.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>x) == 1 and cnp.PyArray_TYPE(<cnp.ndarray>x) == typenum
-            and cnp.PyArray_ISBEHAVED_RO(<cnp.ndarray>x) and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x)
-            and (n < 0 or cnp.PyArray_DIM(<cnp.ndarray>x, 0) == n)):
-        return <cnp.ndarray>x
-    return _arr(f"{name}[{i}]", x, typenum, dtype, kinds, n)
-
-
-cdef inline bint _rows_ok(cnp.ndarray rows, Py_ssize_t n) noexcept:
-    cdef const int64_t* p = <const int64_t*>_ptr(rows)
-    cdef Py_ssize_t j
-    for j in range(cnp.PyArray_DIM(rows, 0)):
-        if p[j] < 0 or p[j] >= n:
-            return False
-    return True
-
-
-cdef inline bint _non_negative(cnp.ndarray values) noexcept:
-    cdef const float* p = <const float*>_ptr(values)
-    cdef Py_ssize_t j
-    for j in range(cnp.PyArray_DIM(values, 0)):
-        if not p[j] >= 0:
-            return False
-    return True
-
-
 cdef inline float _window_sat(Py_ssize_t t, Py_ssize_t r, const Py_ssize_t* start, const int64_t* hit_row,
                               const float* hit_sat, float k1p, float k1f, float norm) noexcept nogil:
     """Term t's saturated count at row r: the stored one when t touched r, else that of a count of 0."""
     cdef Py_ssize_t j
-    cdef float zero = 0.0
     for j in range(start[t], start[t + 1]):
         if hit_row[j] == r:
             return hit_sat[j]
-    return (zero * k1p) / (zero + k1f * norm)
+    return _saturate(0.0, k1p, k1f, norm)
+
+
+cdef inline float _saturate(float x, float k1p, float k1f, float norm) noexcept nogil:
+    """BM25 saturation of a window count x, each step rounded to float32 (the reference's rule)."""
+    return (x * k1p) / (x + k1f * norm)
 
 
 def cooccurring_terms(term_rows, term_ptr, term_at, term_df, double n_rows, Py_ssize_t min_count, exclude,
@@ -1685,9 +1664,8 @@ def cooccurring_terms(term_rows, term_ptr, term_at, term_df, double n_rows, Py_s
     cdef list rows_list = []
     cdef cnp.ndarray arr
     for i in range(len(term_rows)):
-        arr = _arr_or(term_rows[i], cnp.NPY_INT64, "term_rows", i, np.int64, _INT_KINDS, -1)
-        if not _rows_ok(arr, n):
-            _check_rows(f"term_rows[{i}]", arr, n)
+        arr = _arr("term_rows", term_rows[i], cnp.NPY_INT64, np.int64, _INT_KINDS, -1, i)
+        _check_rows("term_rows", arr, n, i)
         rows_list.append(arr)
     cdef int32_t* together = <int32_t*>calloc(size + 1, sizeof(int32_t))
     cdef int64_t* touched = <int64_t*>malloc((size + 1) * sizeof(int64_t))
