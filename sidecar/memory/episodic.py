@@ -282,9 +282,9 @@ _EPOCH = dt.date(1970, 1, 1).toordinal()
 _DATE_HINT = re.compile(r"\d|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)", re.I)
 
 
-def query_dates(query: str) -> tuple[set[tuple[int, int]], set[int]]:
+def query_dates(query: str, days: set[dt.date] | None = None) -> tuple[set[tuple[int, int]], set[int]]:
     """(year-or-0, month) pairs and bare years named in a query ("in May 2023", "in 2022"); a year
-    named with a month is not also a bare year."""
+    named with a month is not also a bare year. `days`: query_days(query), when the caller has it."""
     if not _DATE_HINT.search(query):
         return set(), set()
     found = _MONTH_RE.findall(query)
@@ -292,7 +292,8 @@ def query_dates(query: str) -> tuple[set[tuple[int, int]], set[int]]:
               if m.lower() != "may" or y}  # "may" alone is the verb far more often than the month
     with_month = {y for y, _ in months}
     years = {int(y) for y in _YEAR_RE.findall(query)} - with_month
-    days = query_days(query)
+    if days is None:
+        days = query_days(query)
     months |= {(d.year, d.month) for d in days}
     years -= {d.year for d in days}
     months -= {(0, m) for y, m in months if y}  # "October 13, 2023" also read as a bare "October"
@@ -713,7 +714,8 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             flag = np.zeros(len(self.speakers) + 1, bool)  # by speaker id (np.isin sorts); -1 hits the last, False
             flag[named] = True
             mult *= np.where(flag[self.speaker_of[:n]], 1.0 + r.speaker_boost, 1.0)
-        months, years = query_dates(query)
+        named_days = query_days(query)
+        months, years = query_dates(query, named_days)
         if months or years:
             ym = self.year_month[:n]
             boost = r.year_boost * np.logical_or.reduce([ym // 100 == y for y in years]) if years else np.zeros(n)
@@ -721,7 +723,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
                 hit = (ym % 100 == month) & ((ym // 100 == year) if year else True)
                 boost = np.maximum(boost, r.date_boost * hit)
             mult *= 1.0 + boost
-        days = query_days(query) if r.day_boost else ()
+        days = named_days if r.day_boost else ()
         if days:
             # A day's events are told that day or in the days after ("yesterday", "last week").
             when = self.timestamps[:n] // 86_400_000
