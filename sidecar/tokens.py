@@ -23,6 +23,14 @@ def count_many(texts: list[str]) -> list[int]:
     return [len(encode(t, disallowed_special=())) if t else 0 for t in texts]
 
 
+def count_lines(texts: list[str]) -> list[int]:
+    """Tokens of each text as a line of a prompt, the newline that ends it included. Summed over lines
+    joined by newlines this is exact (plus at most the one newline after the last line): cl100k never
+    joins a newline to the next line's first token, and often joins it to the line's last punctuation
+    ("!\\n" is one token), where counting the text and adding one would charge a token too many."""
+    return count_many([t + "\n" for t in texts])
+
+
 @functools.lru_cache(maxsize=4096)
 def count_tokens_cached(text: str) -> int:
     return count_tokens(text)

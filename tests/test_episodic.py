@@ -90,13 +90,15 @@ def test_old_turn_is_recalled_in_a_new_session(running, user):
     assert hit.text == "Ann: I adopted a tortoise called Shelly last spring."
     assert list(hit.source_message_ids) == [ids[0]]
     from sidecar.tokens import count_tokens
-    assert hit.tokens == count_tokens(hit.text) + 1  # and the newline that ends its line of the prompt
+    assert hit.tokens == count_tokens(hit.text + "\n")  # and the newline that ends its line of the prompt
     # The date is one header item per day, rendered just before that day's turns.
     memories = [it for it in items if it.category == pb.CATEGORY_MEMORIES]
     header = next(it for it in memories if it.source == "date:20230508")
     assert header.text == "[8 May 2023]" and not header.source_message_ids
     assert memories.index(header) < memories.index(hit)
     assert sum(it.source.startswith("date:") for it in memories) == 1
+    # What the section is charged is what its lines cost as rendered, joined by newlines.
+    assert sum(it.tokens for it in memories) == count_tokens("\n".join(it.text for it in memories) + "\n")
 
 
 def test_recalled_turns_render_within_their_budget(running, user):

@@ -40,9 +40,8 @@ import fastpath
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, ItemMeta, Section, SoftCategory
 from sidecar.domain import Category, Message, Role, Scope
 from sidecar.index.embedders import Embedder
-from sidecar.store.cache import MESSAGE_LINE_EXTRA as LINE_EXTRA
 from sidecar.text import STOPWORDS
-from sidecar.tokens import count_many
+from sidecar.tokens import count_lines
 
 INDEXED_ROLES = (Role.USER, Role.ASSISTANT)  # tool output and system text are not conversation memory
 MAX_USERS = 2048  # users kept in memory; an evicted one is rebuilt from rows on its next call
@@ -457,9 +456,8 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         start = len(self.ids)
         self._grow(start + len(fresh))
         end = start + len(fresh)
-        # Counted once here, for exactly the text that is packed, plus the newline that separates it
-        # from the next line of the prompt (as every source counts it).
-        self.tokens[start:end] = np.asarray(count_many(texts), np.int32) + LINE_EXTRA
+        # Counted once here, for exactly the line that is packed: its text and the newline after it.
+        self.tokens[start:end] = count_lines(texts)
         body = [m.text for m in fresh]
         self.vectors[start:end] = (embedder.embed(body) if embedder is not None
                                    else fastpath.hash_embed(body, self.dim))
@@ -1000,7 +998,7 @@ def _midnight_ms(day: int) -> int:
 def _day_item(day: int, timestamp_ms: int) -> tuple[str, int, int, int, str, bytes, int]:
     """A day's header item (see _UserIndex.day_items), made once per day."""
     label = date_label(timestamp_ms)
-    tokens = count_many([label])[0] + LINE_EXTRA
+    tokens = count_lines([label])[0]
     exact, simhash = fastpath.text_keys([label])
     source, midnight = f"date:{day}", _midnight_ms(day)
     return (label, tokens, int(exact[0]), int(simhash[0]), source,
