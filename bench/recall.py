@@ -27,7 +27,7 @@ from sidecar.api import context_service_pb2 as pb
 from sidecar.assembly.builder import SOFT_HEADER_RESERVE
 from sidecar.domain import Role
 from sidecar.memory.episodic import DEFAULT_RANKING, MODEL_RANKING, date_label, day_number, render_turn
-from sidecar.tokens import count_tokens
+from sidecar.tokens import count_lines, count_tokens
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo" / "locomo10.json"
 RESULTS = ROOT / "bench" / "results"
@@ -201,17 +201,18 @@ def context_dia_ids(resp: pb.BuildContextResponse, by_message: dict[str, str],
 
 
 def recency_ids(conv: Conversation, budget: int) -> set[str]:
-    """Newest turns first, as rendered by the sidecar (with a day's date header the first time a turn
-    of that day is taken, when the sidecar packs dates that way), skipping a turn that does not fit."""
+    """Newest turns first, as rendered and charged by the sidecar (with a day's date header the first
+    time a turn of that day is taken, when the sidecar packs dates that way), skipping a turn that
+    does not fit."""
     turns = [t for n in sorted(conv.sessions) for t in conv.sessions[n]]
     headers = DEFAULT_RANKING.date_headers
     used, out, days = 0, set(), set()
     for t in reversed(turns):
         role = Role.USER if t.speaker == conv.speakers[0] else Role.ASSISTANT
-        cost = count_tokens(render_turn(t.speaker, role, t.text, t.timestamp_ms, dated=not headers))
+        cost = count_lines([render_turn(t.speaker, role, t.text, t.timestamp_ms, dated=not headers)])[0]
         day = day_number(t.timestamp_ms)
         if headers and day not in days:
-            cost += count_tokens(date_label(t.timestamp_ms))
+            cost += count_lines([date_label(t.timestamp_ms)])[0]
         if used + cost <= budget:
             used += cost
             out.add(t.dia_id)
