@@ -27,7 +27,7 @@ from sidecar.api import context_service_pb2 as pb
 from sidecar.assembly.builder import SOFT_HEADER_RESERVE
 from sidecar.domain import Role
 from sidecar.memory.episodic import DEFAULT_RANKING, MODEL_RANKING, date_label, day_number, render_turn
-from sidecar.tokens import count_lines, count_tokens
+from sidecar.tokens import count_line, count_tokens
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo" / "locomo10.json"
 RESULTS = ROOT / "bench" / "results"
@@ -209,10 +209,10 @@ def recency_ids(conv: Conversation, budget: int) -> set[str]:
     used, out, days = 0, set(), set()
     for t in reversed(turns):
         role = Role.USER if t.speaker == conv.speakers[0] else Role.ASSISTANT
-        cost = count_lines([render_turn(t.speaker, role, t.text, t.timestamp_ms, dated=not headers)])[0]
+        cost = count_line(render_turn(t.speaker, role, t.text, t.timestamp_ms, dated=not headers))
         day = day_number(t.timestamp_ms)
         if headers and day not in days:
-            cost += count_lines([date_label(t.timestamp_ms)])[0]
+            cost += count_line(date_label(t.timestamp_ms))
         if used + cost <= budget:
             used += cost
             out.add(t.dia_id)

@@ -23,11 +23,16 @@ def count_many(texts: list[str]) -> list[int]:
     return [len(encode(t, disallowed_special=())) if t else 0 for t in texts]
 
 
-def count_lines(texts: list[str]) -> list[int]:
-    """Tokens of each text as a line of a prompt, the newline that ends it included. Summed over lines
+def count_line(text: str) -> int:
+    """Tokens of a text as a line of a prompt, the newline that ends it included. Summed over lines
     joined by newlines this is exact (plus at most the one newline after the last line): cl100k never
     joins a newline to the next line's first token, and often joins it to the line's last punctuation
     ("!\\n" is one token), where counting the text and adding one would charge a token too many."""
+    return count_tokens(text + "\n")
+
+
+def count_lines(texts: list[str]) -> list[int]:
+    """count_line of each text, in one loop (a batch of turns as they are indexed)."""
     return count_many([t + "\n" for t in texts])
 
 

@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.tokens import count_lines, count_tokens
+from sidecar.tokens import count_line, count_lines, count_tokens
 
 # Lines as the sidecar packs them: any text (speech, code, CJK, emoji), spaces and newlines included.
 LINES = st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=60), min_size=1, max_size=12)
@@ -16,6 +16,7 @@ PLAIN = st.lists(st.text(st.characters(blacklist_categories=("Cs", "Zs", "Cc", "
 @given(LINES)
 def test_lines_are_never_charged_less_than_they_cost_joined(lines):
     assert sum(count_lines(lines)) >= count_tokens("\n".join(lines))
+    assert count_lines(lines) == [count_line(t) for t in lines]  # the batch counts each line alike
 
 
 @settings(max_examples=300, deadline=None)

@@ -41,7 +41,7 @@ from sidecar.assembly.candidates import BuildInput, CandidateBatch, ItemMeta, Se
 from sidecar.domain import Category, Message, Role, Scope
 from sidecar.index.embedders import Embedder
 from sidecar.text import STOPWORDS
-from sidecar.tokens import count_lines
+from sidecar.tokens import count_line, count_lines
 
 INDEXED_ROLES = (Role.USER, Role.ASSISTANT)  # tool output and system text are not conversation memory
 MAX_USERS = 2048  # users kept in memory; an evicted one is rebuilt from rows on its next call
@@ -998,7 +998,7 @@ def _midnight_ms(day: int) -> int:
 def _day_item(day: int, timestamp_ms: int) -> tuple[str, int, int, int, str, bytes, int]:
     """A day's header item (see _UserIndex.day_items), made once per day."""
     label = date_label(timestamp_ms)
-    tokens = count_lines([label])[0]
+    tokens = count_line(label)
     exact, simhash = fastpath.text_keys([label])
     source, midnight = f"date:{day}", _midnight_ms(day)
     return (label, tokens, int(exact[0]), int(simhash[0]), source,

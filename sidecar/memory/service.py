@@ -121,7 +121,7 @@ class MemoryService:
                             source_message_ids=sorted(set(inp.source_message_ids)), confidence=inp.confidence,
                             authority=inp.authority, created_at_ms=at, updated_at_ms=at,
                             expires_at_ms=inp.expires_at_ms,
-                            tokens=tokens.count_lines([render_memory(inp.content)])[0])
+                            tokens=tokens.count_line(render_memory(inp.content)))
             rows = [(memory, vector.astype(np.float32).tobytes())]
             changes = [MemoryChange(memory, "create", "", at)]
             for o, blob in zip(older, older_blobs, strict=True):
@@ -234,7 +234,7 @@ class MemoryService:
                 current, content=new_content, confidence=current.confidence if confidence is None else confidence,
                 expires_at_ms=current.expires_at_ms if expires_at_ms is None else expires_at_ms,
                 type=current.type if type_ is None else type_, updated_at_ms=at, authority=Authority.USER_STATED,
-                tokens=tokens.count_lines([render_memory(new_content)])[0])
+                tokens=tokens.count_line(render_memory(new_content)))
             vector = self.embedder.embed([new_content])[0]
             self.store.put_memories(scope, [(updated, vector.tobytes())],
                                     [MemoryChange(updated, "update", "edited by the user", at)])
