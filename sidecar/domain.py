@@ -139,7 +139,8 @@ class Message:
 
 
 def render_message_line(role: Role, speaker: str, text: str) -> str:
-    return f"{speaker or role.label}: {text}"
+    # Stripped: a packed line starts with its label, never with a blank (tokens.count_line).
+    return f"{speaker.strip() or role.label}: {text}"
 
 
 @dataclass(slots=True)

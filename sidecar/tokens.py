@@ -24,16 +24,19 @@ def count_many(texts: list[str]) -> list[int]:
 
 
 def count_line(text: str) -> int:
-    """Tokens of a text as a line of a prompt, the newline that ends it included. Summed over lines
-    joined by newlines this is exact (plus at most the one newline after the last line): cl100k never
-    joins a newline to the next line's first token, and often joins it to the line's last punctuation
-    ("!\\n" is one token), where counting the text and adding one would charge a token too many."""
-    return count_tokens(text + "\n")
+    """Tokens of a text as a line of a prompt, the newline that ends it included. Every line the
+    sidecar packs starts with a label ("Ann: ", "[8 May 2023]", "- "), and cl100k never joins a newline
+    to a following non-blank character, so summed over lines joined by newlines this is exact. It
+    often joins the newline to the line's last punctuation ("!\\n" is one token), where counting the
+    text and adding one would charge a token too many. A text ending in blanks can cost more without
+    its newline (":\\r" is two tokens, ":\\r\\n" one), and a section's last line goes out without
+    one: the larger count is charged, so such lines are never charged less than they cost."""
+    return max(count_tokens(text + "\n"), count_tokens(text))
 
 
 def count_lines(texts: list[str]) -> list[int]:
     """count_line of each text, in one loop (a batch of turns as they are indexed)."""
-    return count_many([t + "\n" for t in texts])
+    return [max(a, b) for a, b in zip(count_many([t + "\n" for t in texts]), count_many(texts), strict=True)]
 
 
 @functools.lru_cache(maxsize=4096)

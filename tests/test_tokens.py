@@ -3,13 +3,17 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecar.domain import Role, render_message_line
 from sidecar.tokens import count_line, count_lines, count_tokens
 
-# Lines as the sidecar packs them: any text (speech, code, CJK, emoji), spaces and newlines included.
-LINES = st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=60), min_size=1, max_size=12)
-# Ordinary lines: no line starts with whitespace (a newline run cannot form across the join).
-PLAIN = st.lists(st.text(st.characters(blacklist_categories=("Cs", "Zs", "Cc", "Zl", "Zp")), min_size=1,
-                         max_size=40), min_size=1, max_size=12)
+# A packed line starts with its label ("Ann: ", "[8 May 2023]", "- "): a first character that is not
+# blank, then anything (speech, code, CJK, emoji, blanks, "\r", newlines inside the text).
+NOT_BLANK = st.characters(blacklist_categories=("Cs", "Zs", "Cc", "Zl", "Zp"))
+ANY_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60)
+LINES = st.lists(st.builds(str.__add__, NOT_BLANK, ANY_TEXT), min_size=1, max_size=12)
+# The same from the few characters where newlines and blanks merge into tokens ("!\n", ":\r\n", "\n\n").
+EDGY = st.lists(st.builds(str.__add__, st.sampled_from(":!.a1'"), st.text(st.sampled_from(":!. \t\r\n\u3000a1'"),
+                                                                          max_size=8)), min_size=1, max_size=6)
 
 
 @settings(max_examples=300, deadline=None)
@@ -19,13 +23,31 @@ def test_lines_are_never_charged_less_than_they_cost_joined(lines):
     assert count_lines(lines) == [count_line(t) for t in lines]  # the batch counts each line alike
 
 
+@settings(max_examples=1000, deadline=None)
+@given(EDGY)
+def test_lines_ending_in_blanks_and_punctuation_are_never_charged_less(lines):
+    assert sum(count_lines(lines)) >= count_tokens("\n".join(lines))
+
+
 @settings(max_examples=300, deadline=None)
-@given(PLAIN)
-def test_plain_lines_are_charged_exactly_what_they_cost_joined(lines):
-    assert sum(count_lines(lines)) == count_tokens("\n".join(lines) + "\n")
+@given(LINES)
+def test_a_line_and_its_newline_cost_the_same_alone_and_joined(lines):
+    # No token spans a newline and the label after it: each line is counted as it is rendered.
+    assert sum(count_tokens(t + "\n") for t in lines) == count_tokens("\n".join(lines) + "\n")
+
+
+def test_a_last_line_that_costs_more_without_its_newline_is_charged_that():
+    # ":\r" is two tokens, ":\r\n" one: a section's last line goes out without the newline.
+    assert count_tokens(":\r") == 2 and count_tokens(":\r\n") == 1
+    assert count_lines(["Ann: ok:\r"]) == [count_tokens("Ann: ok:\r")] == [count_line("Ann: ok:\r")]
 
 
 def test_a_newline_after_punctuation_is_no_extra_token():
     # cl100k joins "!\n" into one token: text + 1 would charge one too many; after a word it is one more.
     assert count_lines(["Ann: we went hiking!"]) == [count_tokens("Ann: we went hiking!")]
     assert count_lines(["Ann: we went hiking"]) == [count_tokens("Ann: we went hiking") + 1]
+
+
+def test_a_message_line_starts_with_its_label_whatever_the_speaker():
+    assert render_message_line(Role.USER, " Ann\n", "hi") == "Ann: hi"
+    assert render_message_line(Role.USER, "  ", "hi") == f"{Role.USER.label}: hi"

@@ -38,7 +38,7 @@ import numpy as np
 
 import fastpath
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, ItemMeta, Section, SoftCategory
-from sidecar.domain import Category, Message, Role, Scope
+from sidecar.domain import Category, Message, Role, Scope, render_message_line
 from sidecar.index.embedders import Embedder
 from sidecar.text import STOPWORDS
 from sidecar.tokens import count_line, count_lines
@@ -367,7 +367,7 @@ def day_number(timestamp_ms: int) -> int:
 
 def render_turn(speaker: str, role: Role, text: str, timestamp_ms: int, *, dated: bool = True) -> str:
     """A past turn as packed: "[8 May 2023] Ann: text", or "Ann: text" when the date is a header item."""
-    line = f"{speaker or role.label}: {text}"
+    line = render_message_line(role, speaker, text)
     return f"{date_label(timestamp_ms)} {line}" if dated else line
 
 
