@@ -8,7 +8,8 @@ COPY pyproject.toml setup.py README.md ./
 COPY proto ./proto
 COPY fastpath ./fastpath
 COPY sidecar ./sidecar
-RUN pip install --no-cache-dir . && python -c "import fastpath, sidecar.api.context_service_pb2"
+RUN pip install --no-cache-dir . && python -c "import fastpath, sidecar.api.context_service_pb2; \
+from sidecar.index.word_vectors import default_vectors; default_vectors()"
 
 # Inside a container the sidecar must bind all interfaces so the agent container can reach it.
 EXPOSE 50051

@@ -465,7 +465,7 @@ def make_app(db_path: str, profile: str = "default"):
 
         embedder = MiniLMEmbedder()
         app = Sidecar(db_path, Settings(embedder="minilm"), embedder=embedder)
-        # app.py wires an EpisodicSource over the hashed embedding; this profile gives it the model.
+        # app.py wires an EpisodicSource over the static word vectors; this profile gives it the model.
         source = next(s for s in app.builder.sources if isinstance(s, EpisodicSource))
         source.use_model(embedder)  # and its ranking, MODEL_RANKING
     else:

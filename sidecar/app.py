@@ -15,6 +15,7 @@ from sidecar.compress.sources import SummarySource, ToolObservationSource, pinne
 from sidecar.compress.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
 from sidecar.domain import Scope
 from sidecar.index.embedders import Embedder, HashEmbedder, make_embedder
+from sidecar.index.word_vectors import StaticEmbedder
 from sidecar.jobs import JobWorker, requeue_interrupted
 from sidecar.knowledge.service import INDEX_JOB, KnowledgeService
 from sidecar.knowledge.source import KnowledgeSource, knowledge_beats_memory
@@ -109,13 +110,15 @@ class Sidecar:
         self.kb_worker.start()
         self.knowledge.start_saver(settings.index_save_every_s)
         threading.Thread(target=self.knowledge.warm_up, name="kb-warm-up", daemon=True).start()
+        threading.Thread(target=self.episodic.warm_up, name="episodic-warm-up", daemon=True).start()
         self.feed = self._follow_other_replicas()
 
     @property
     def queries_hold_the_gil(self) -> bool:
-        """True when queries are embedded by the compiled hash (microseconds, under the GIL). A
-        model embeds in torch (milliseconds with the GIL released), which threads can overlap."""
-        return self.embedder.name == HashEmbedder.name and self.episodic.embedder is None
+        """True when queries are embedded by the compiled hash and the static word vectors
+        (microseconds, under the GIL). A model embeds in torch (milliseconds with the GIL released),
+        which threads can overlap."""
+        return self.embedder.name == HashEmbedder.name and isinstance(self.episodic.embedder, StaticEmbedder)
 
     def _follow_other_replicas(self):
         """On a shared PostgreSQL store, other replicas' writes arrive through the change feed and

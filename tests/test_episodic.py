@@ -101,6 +101,19 @@ def test_old_turn_is_recalled_in_a_new_session(running, user):
     assert sum(it.tokens for it in memories) == count_tokens("\n".join(it.text for it in memories) + "\n")
 
 
+def test_a_sub_session_recalls_no_history(running, user):
+    _, ids = session(running.stub, user, OLD)
+    parent, parent_ids = session(running.stub, user, [("Ann", "Shelly the tortoise hid under the sofa.")])
+    child = running.stub.CreateSubSession(pb.CreateSubSessionRequest(scope=user, parent_session_id=parent,
+                                                                     task="Find the tortoise"))
+    recalled = [it.source for it in build(running.stub, user, child.session_id, "Where is Ann's tortoise Shelly?")
+                if it.source.startswith("message:")]
+    assert recalled == []  # neither the parent's turn nor an older session's: only what is handed off
+    other, _ = session(running.stub, user, [])
+    recalled = {it.source for it in build(running.stub, user, other, "Where is Ann's tortoise Shelly?")}
+    assert {f"message:{ids[0]}", f"message:{parent_ids[0]}"} <= recalled  # a plain session does
+
+
 def test_recalled_turns_render_within_their_budget(running, user):
     """The rendered prompt of a memories section filled with recalled turns and day headers fits the
     budget: each line counts the newline that separates it from the next."""
@@ -423,7 +436,7 @@ def test_terms_said_with_the_query_terms_widen_it():
              ("Ann", "Another hike on the ridge trail this weekend."), ("Bob", "Cool.")]
     later = [("Ann", "The ridge trail at sunrise was unreal."), ("Bob", "Wow."), ("Ann", "I bought a new lamp.")]
     state = _index([(MAY_8, hikes), (MAY_8 + 30 * DAY_MS, later)])
-    r = Ranking(assoc_terms=2, assoc_weight=0.5, opener_boost=0.0)
+    r = Ranking(assoc_terms=2, assoc_weight=0.5, opener_boost=0.0, similar_terms=0)
     names = {"ann", "bob"}
     # "trail" and "ridge" share both of the "hike" turns; the names and the query's own terms never count.
     assert sorted(state.associated(terms("Where did Ann hike?"), names, r)) == ["ridg", "trail"]
@@ -553,3 +566,22 @@ def test_a_turn_naming_someone_or_something_is_boosted():
     state.add([Message("late", f"s0-{MAY_8}", 3, Role.USER, "Hi all.", "", "", MAY_8 + 3000, 0, 0, 0,
                        speaker="Laura")], None, True)
     assert not state.proper[0] and state.compacted(1).proper[:2].tolist() == [False, False]
+
+
+def test_similar_words_widen_the_query():
+    from dataclasses import replace
+
+    from sidecar.memory.episodic import Ranking, similar_stems
+
+    near = similar_stems([stem("married"), "zzqx"], 0.4)
+    assert {"husband", "wif"} <= set(near[0]) and stem("married") not in near[0] and near[1] == ()
+    turns = [("Ann", "My husband cooked dinner for us."), ("Bob", "Nice."), ("Ann", "Cool weather today."),
+             ("Bob", "Sure."), ("Ann", "Sure."), ("Bob", "Yes."), ("Ann", "I bought a new lamp and a guitar.")]
+    state = _index([(MAY_8, turns)])
+    r = Ranking(opener_boost=0.0, assoc_terms=0, concept_weight=0.0)
+    names = {"ann", "bob"}
+    assert state.similar(terms("Is Ann married?"), names, r) == ["husband"]  # the user's words only
+    assert state.similar(terms("Is Ann married?"), names, replace(r, similar_min=0.99)) == []
+    q = "Is Ann married?"
+    wide, plain = state.rank(q, None, "", r), state.rank(q, None, "", replace(r, similar_terms=0))
+    assert plain.max() == 0 < wide[0] and int(np.argmax(wide)) == 0  # no shared word: bridged by meaning

@@ -213,6 +213,9 @@ def test_user_timeline_over_sessions_and_its_newest_part(backend, scope):
     assert [m.text for m in backend.list_user_messages(scope, user, newest=3)] == ["e3", "l1", "l2"]
     assert [m.text for m in backend.list_user_messages(scope, user, newest=9)] == ["e1", "e2", "e3", "l1", "l2"]
     assert backend.list_user_messages(Scope(scope.tenant_id, "someone-else"), user) == []
+    new_session(backend, scope, "child", created=3000, parent_session_id="late")
+    backend.append_messages(scope, "child", msgs("c1"), counts(1), now_ms=8)
+    assert [m.text for m in backend.list_user_messages(scope, user)] == ["e1", "e2", "e3", "l1", "l2"]  # no sub-session
 
 
 def test_idempotency_keys(backend, scope):

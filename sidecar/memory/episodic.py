@@ -1,26 +1,28 @@
 """Episodic recall: a user's past turns, across all their sessions, as BuildContext candidates
 (category memories, source tag message:<id>), so an old turn is recallable in a new session.
 
-Per (tenant, user) an in-process index: BM25 postings over stemmed terms, hashed dense vectors,
-and each turn's same-session neighbours. It is kept current by the store's append listener and
+Per (tenant, user) an in-process index: BM25 postings over stemmed terms, dense vectors (static
+word vectors joined with hashed n-grams, sidecar.index.word_vectors; or the local model's), and
+each turn's same-session neighbours. It is kept current by the store's append listener and
 built from rows the first time a user is seen. Never searched across users.
 
-Ranking (model-free, see bench/recall.py for what each part adds): BM25 of the turn plus its
-same-session neighbours with decaying weights (a fact is often spread over question and answer),
+Ranking (no model at run time, see bench/recall.py for what each part adds): BM25 of the turn plus
+its same-session neighbours with decaying weights (a fact is often spread over question and answer),
 plus BM25 of the query's category words expanded through a small hand-written concept list ("pets"
--> dog, cat, turtle...) and of the terms the user says most with the query's terms (pointwise mutual
-information over their own turns, no model), fused with the dense cosine, times a boost for turns
-spoken by a person the query names, for turns of a session in the month the query names or told on
-(or within a week after) a day it names ("on 9 November, 2022"), and for a session's first turns (a
-session opens with the news since the last one), for a turn in the first person ("I", "my": it
-tells of its speaker) over one in the second ("you"), and for a turn naming someone or something
-that is no speaker (a capitalised word inside a sentence). Terms are stemmed with irregular forms
-("went" -> go) and a dropped final "e" ("hike"/"hiking"). Packed turns read "Ann: text"; their date is one
-"[8 May 2023]" item per day, packed ahead of that day's turns. With a model embedder (MODEL_RANKING) each
-turn is also embedded together with its previous turn (an answer carries its question) and the query is
-embedded without the speakers' names. Measured on LoCoMo (tuned on
-conversations 1-5; bench/recall.py --offline compares knobs in seconds): about 0.8 ms per query over a
-~600-turn user."""
+-> dog, cat, turtle...), of the terms the user says most with the query's terms (pointwise mutual
+information over their own turns) and of the user's terms nearest the query's in the static word
+vectors ("married" -> husband, wife), fused with the dense cosine (of the turn, and of the turn
+embedded with its previous one: an answer carries its question), times a boost for turns spoken by
+a person the query names, for turns of a session in the month the query names or told on (or within
+a week after) a day it names ("on 9 November, 2022"), and for a session's first turns (a session
+opens with the news since the last one), for a turn in the first person ("I", "my": it tells of its
+speaker) over one in the second ("you"), and for a turn naming someone or something that is no
+speaker (a capitalised word inside a sentence). Terms are stemmed with irregular forms ("went" ->
+go) and a dropped final "e" ("hike"/"hiking"). Packed turns read "Ann: text"; their date is one
+"[8 May 2023]" item per day, packed ahead of that day's turns. With a model embedder (MODEL_RANKING)
+its cosine weighs more and the query is embedded without the speakers' names. Tuned on LoCoMo
+conversations 1-5 (bench/recall.py --offline compares knobs in seconds); about 1 ms per query over
+a ~600-turn user."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ import fastpath
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, ItemMeta, Section, SoftCategory
 from sidecar.domain import Category, Message, Role, Scope, render_message_line
 from sidecar.index.embedders import Embedder
+from sidecar.index.word_vectors import StaticEmbedder, default_vectors
 from sidecar.text import STOPWORDS
 from sidecar.tokens import count_line, count_lines
 
@@ -81,7 +84,7 @@ class Ranking:
     prf_terms: int = 8
     prf_weight: float = 0.0
     assoc_terms: int = 5  # terms the user says most with the query's terms (PMI over turns) widen the query
-    assoc_weight: float = 0.15
+    assoc_weight: float = 0.08
     assoc_min: int = 2  # turns a term must share with a query term
     spread: float = 0.0  # a turn scores at least spread * the score of its previous/next turn
     # Voice: a turn that says more "I/my/we" than "you/your" tells of its speaker, where the facts
@@ -98,15 +101,29 @@ class Ranking:
     # embed_context previous same-session turns (each cut to its last embed_context_chars characters),
     # so an answer ("Yes, pottery!") carries its question; the dense part is context_mix * that cosine
     # + (1 - context_mix) * the turn's own. 0: the turn alone (no second vector is kept).
-    embed_context: int = 0
+    embed_context: int = 1
     embed_context_chars: int = 400
     context_mix: float = 0.5
     dense_query_names: bool = True  # False: the speakers' names are left out of the query that is embedded
+    # Similar words: per query term, up to similar_terms of the user's own terms whose static word
+    # vectors (sidecar.index.word_vectors) have a cosine of at least similar_min with it ("married" ->
+    # husband, wife) widen the query with similar_weight: the vocabulary gap a lexical ranker misses.
+    similar_terms: int = 10
+    similar_weight: float = 0.2
+    similar_min: float = 0.4
     candidate_factor: float = 1.6  # return turns worth this multiple of the category budget
     max_candidates: int = 600
 
 
 DEFAULT_RANKING = Ranking()
+# Static word vectors (tuned on conversations 1-5 at 2k / 4k, read on 6-10, all ten shown): the user's
+# words nearest the query's added to it (10 per term, cosine >= 0.4, weight 0.2; on the hashed
+# cosine alone: 90.9 / 95.1 -> 91.8 / 95.6 %), the dense part from the static vectors joined with the
+# hashed n-grams and each turn also embedded with its previous turn, the co-occurrence weight
+# 0.15 -> 0.08: 90.9 / 95.1 -> 91.9 / 96.0 % (1-5 92.0 -> 92.7 / 95.8 -> 96.4; 6-10 89.8 -> 91.0 /
+# 94.4 -> 95.5), multi-hop 86.3 -> 88.1 % at 4k; ~0.2 ms more per query (in process p50 0.62 -> 0.81
+# ms). 5 or 14 similar words per term, cosine 0.35-0.55, weight 0.15-0.25 and the dense share 0.25
+# moved 2k by at most 0.3; 256 or 384 dimensions instead of 128 by 0.0 to +0.2.
 # With a model embedder (the optional `model` profile, all-MiniLM-L6-v2): its cosine is worth a larger
 # share than the hashed one's. Tuned on LoCoMo conversations 1-5 (bench/recall.py --profile model):
 # 0.2 -> 0.5 added +1.0 / +0.7 points at 2k / 4k there and +1.1 / +1.1 on conversations 6-10;
@@ -120,9 +137,11 @@ DEFAULT_RANKING = Ranking()
 # contextual cosine alone, reciprocal-rank fusion and a cosine floor were lower. The voice prior
 # stays off (lower with the model). Costs a second embedding per indexed turn and, for a query that
 # names a speaker, a second query embedding (the memory source embeds the query as asked).
+# The similar words from the static vectors (as in DEFAULT_RANKING) added 92.9 / 96.5 -> 93.0 / 96.8 %
+# (1-5 93.4 -> 93.7 / 96.8 -> 97.0; 6-10 92.4 -> 92.3 / 96.2 -> 96.6), multi-hop 90.1 -> 91.3 % at 4k.
 MODEL_RANKING = replace(DEFAULT_RANKING, dense_weight=0.5, prev_decay=0.7, next_decay=0.7, self_boost=0.0,
                         other_penalty=0.0, dense_neighbours=False, embed_context=1, context_mix=0.5,
-                        dense_query_names=False)
+                        dense_query_names=False, assoc_weight=0.15)
 
 # ---------------------------------------------------------------------------------------- terms
 _WORD_RE = re.compile(r"[0-9a-z]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
@@ -262,6 +281,32 @@ def terms(text: str, *, stemmed: bool = True) -> list[str]:
 
 CONCEPTS = {stem(k): tuple(dict.fromkeys(t for w in v.split() for t in terms(w) if t != stem(k)))
             for k, v in _CONCEPTS.items()}
+
+
+@lru_cache(maxsize=1)
+def _stem_vectors() -> tuple[dict[str, int], list[str], np.ndarray]:
+    """The static word vectors averaged per stem (built once, ~0.1 s, on the first query)."""
+    index, mat = default_vectors().by_stem(stem)
+    return index, list(index), mat
+
+
+# (term, min_cosine) -> similar stems; bounded by the table's stems (~14.5k) per min_cosine in use.
+_SIMILAR: dict[tuple[str, float], tuple[str, ...]] = {}
+
+
+def similar_stems(query_terms: Sequence[str], min_cosine: float) -> list[tuple[str, ...]]:
+    """Per term, the stems whose static word vectors have a cosine of at least min_cosine with its
+    own, nearest first (the term itself left out; () for a term the table lacks). Terms not seen
+    before take one pass over the table together (~0.5 ms, memory-bound), then come from _SIMILAR."""
+    index, keys, mat = _stem_vectors()
+    missing = [t for t in dict.fromkeys(query_terms) if t in index and (t, min_cosine) not in _SIMILAR]
+    if missing:
+        sims = mat @ mat[[index[t] for t in missing]].T
+        for j, t in enumerate(missing):
+            hits = np.flatnonzero(sims[:, j] >= min_cosine)
+            hits = hits[np.argsort(-sims[hits, j], kind="stable")]
+            _SIMILAR[t, min_cosine] = tuple(keys[i] for i in hits.tolist() if keys[i] != t)
+    return [_SIMILAR.get((t, min_cosine), ()) for t in query_terms]
 
 
 # ---------------------------------------------------------------------------------------- dates
@@ -678,8 +723,9 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         have = set(q_terms)
         wider = [t for q in q_terms for t in CONCEPTS.get(q, ()) if t not in have] if r.concept_weight > 0 else []
         assoc = self.associated(q_terms, names, r) if r.assoc_terms > 0 and r.assoc_weight > 0 else []
-        win, wider_win, assoc_win = self.window_bm25_groups(
-            [q_terms if r.window_doc > 0 else [], wider, assoc], decay, r.k1, r.b)
+        similar = self.similar(q_terms, names, r) if r.similar_terms > 0 and r.similar_weight > 0 else []
+        win, wider_win, assoc_win, similar_win = self.window_bm25_groups(
+            [q_terms if r.window_doc > 0 else [], wider, assoc, similar], decay, r.k1, r.b)
         if r.window_doc >= 1.0:
             lex = win
         else:
@@ -732,7 +778,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             mult *= np.where(near, 1.0 + r.day_boost, 1.0)
         if exclude_session and exclude_session in self.session_rows:
             mult[self.session_rows[exclude_session]] = 0.0
-        for extra, weight in ((wider_win, r.concept_weight), (assoc_win, r.assoc_weight)):
+        for extra, weight in ((wider_win, r.concept_weight), (assoc_win, r.assoc_weight), (similar_win, r.similar_weight)):
             etop = float(extra.max()) if n else 0.0
             if etop > 0:
                 score = score + weight * extra / etop
@@ -767,6 +813,22 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             score[top] = score[top] / (1.0 + r.diversity * rank_in)
         score[mult == 0.0] = -np.inf
         return score
+
+    def similar(self, query_terms: Sequence[str], names: set[str], r: Ranking) -> list[str]:
+        """Per query term, the similar_terms terms of this user nearest it in the static word vectors
+        (cosine at least similar_min); query terms, names and question words left out."""
+        exclude = {*query_terms, *names}
+        asked = [q for q in dict.fromkeys(query_terms) if q not in QUESTION_WORDS]
+        out: dict[str, None] = {}
+        for near in similar_stems(asked, r.similar_min):
+            picked = 0
+            for t in near:
+                if picked == r.similar_terms:
+                    break
+                if t in self.vocab and t not in exclude:
+                    out[t] = None
+                    picked += 1
+        return list(out)
 
     def associated(self, query_terms: Sequence[str], names: set[str], r: Ranking) -> list[str]:
         """The assoc_terms terms the user says most with the query's terms ("hike" -> trail, view):
@@ -807,12 +869,14 @@ class EpisodicSource:
     name = "episodic"
 
     def __init__(self, store, embedder: Embedder | None = None, *, ranking: Ranking = DEFAULT_RANKING,
-                 dim: int = 256, max_users: int = MAX_USERS, max_turns_per_user: int = MAX_TURNS_PER_USER,
+                 max_users: int = MAX_USERS, max_turns_per_user: int = MAX_TURNS_PER_USER,
                  max_total_turns: int = MAX_TOTAL_TURNS) -> None:
         self.store = store
-        # None: the compiled hashed embedding; a model embedder for the optional model profile.
-        self.embedder = embedder
-        self.dim = embedder.dim if embedder is not None else dim
+        # Static word vectors joined with hashed n-grams (no model); the app's model embedder in the
+        # optional model profile (use_model), whose space a client's query_embedding is in.
+        self.embedder: Embedder = embedder or StaticEmbedder()
+        self.dim = self.embedder.dim
+        self.takes_client_vectors = False
         self.ranking = ranking
         self.max_users = max_users
         self.max_turns_per_user = max(min(max_turns_per_user, max_total_turns), 4)
@@ -820,10 +884,16 @@ class EpisodicSource:
         self._users: OrderedDict[tuple[str, str], _UserIndex] = OrderedDict()
         self._lock = threading.RLock()
 
+    def warm_up(self) -> None:
+        """Build the per-stem word vectors (~0.3 s) at start-up rather than in the first query."""
+        if self.ranking.similar_terms > 0:
+            _stem_vectors()
+
     def use_model(self, embedder: Embedder, ranking: Ranking = MODEL_RANKING) -> None:
         """Rank with a model embedder and the ranking tuned for one; indexes are rebuilt from rows."""
         with self._lock:
             self.embedder, self.dim, self.ranking = embedder, embedder.dim, ranking
+            self.takes_client_vectors = True
             self._users.clear()
 
     # ------------------------------------------------------------------ upkeep
@@ -832,6 +902,9 @@ class EpisodicSource:
         user from rows (which already hold these turns) so the next BuildContext stays fast."""
         if not any(m.role in INDEXED_ROLES for m in messages):
             return
+        view = self.store.session_view(scope, session_id)  # cached: the append just loaded it
+        if view is None or view.session.parent_session_id:
+            return  # a sub-agent's turns reach other sessions only as its result summary
         with self._lock:
             key = (scope.tenant_id, scope.user_id)
             state = self._users.get(key)
@@ -893,15 +966,15 @@ class EpisodicSource:
                query_embedding: np.ndarray | None = None) -> tuple[_UserIndex, np.ndarray, np.ndarray]:
         """(index, rows best first, their relevance in (0, 1]) worth about budget * candidate_factor tokens."""
         r = self.ranking
-        given = query_embedding is not None and query_embedding.shape == (self.dim,)
-        # A model's query vector (~13 ms on one core) is taken outside the lock, so concurrent calls
-        # for other users do not queue behind it; the embedder keeps recent queries, so the memory
-        # source's embedding of the same query is reused (unless names are left out of this one).
+        given = self.takes_client_vectors and query_embedding is not None and query_embedding.shape == (self.dim,)
+        # The query vector (a model's: ~13 ms on one core) is taken outside the lock, so concurrent
+        # calls for other users do not queue behind it; a model embedder keeps recent queries, so the
+        # memory source's embedding of the same query is reused (unless names are left out of this one).
         key = (scope.tenant_id, scope.user_id)
         known = self._users.get(key)  # a peek without the lock: only its names (replaced whole) are read
-        model_qvec = None
-        if self.embedder is not None and query and not given and (r.dense_query_names or known is not None):
-            model_qvec = self.embedder.embed([_dense_query(query, known, r)])[0]
+        qvec = None
+        if query and not given and (r.dense_query_names or known is not None):
+            qvec = self.embedder.embed([_dense_query(query, known, r)])[0]
         with self._lock:
             state = self._users.get(key)
             if state is None:
@@ -914,12 +987,8 @@ class EpisodicSource:
                 return state, *empty
             if given:
                 qvec = query_embedding
-            elif model_qvec is not None:
-                qvec = model_qvec
-            elif self.embedder is not None:  # a user's first call: loading the index costs far more
+            elif qvec is None:  # a user's first call: loading the index costs far more
                 qvec = self.embedder.embed([_dense_query(query, state, r)])[0]
-            else:
-                qvec = fastpath.hash_embed([_dense_query(query, state, r)], self.dim)[0]
             score = state.rank(query, qvec, exclude_session, r)
         finite = np.isfinite(score) & (score > 0)
         if not finite.any():
@@ -939,7 +1008,8 @@ class EpisodicSource:
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
         batch = CandidateBatch(category=SoftCategory.MEMORIES, section=Section.MEMORIES)
         budget = inp.budget.memories + (inp.budget.recent_messages if inp.budget.flow_unused else 0)
-        if inp.budget.memories <= 0 or not inp.query:
+        # A sub-session inherits only what was handed off, never the parent's (or any) history.
+        if inp.budget.memories <= 0 or not inp.query or inp.view.session.parent_session_id:
             return [batch]
         state, rows, relevance = self.search(inp.scope, inp.query, inp.view.session.session_id, budget,
                                              inp.query_embedding)

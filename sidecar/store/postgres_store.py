@@ -301,11 +301,12 @@ class PostgresStore:
 
     def list_user_messages(self, scope: Scope, roles: Sequence[int], newest: int | None = None) -> list[Message]:
         """Every message of the user with one of `roles` (only the `newest` ones when given), sessions in
-        creation order, turns in order."""
+        creation order, turns in order. Sub-sessions' messages are left out: a sub-agent's work reaches
+        other sessions only as its result summary."""
         cols = ", ".join(f"m.{c.strip()}" for c in records.MESSAGE_COLS.split(","))
         rows = self._query(scope, f"SELECT {cols} FROM messages m JOIN sessions s ON s.tenant_id = m.tenant_id AND "
                            "s.user_id = m.user_id AND s.session_id = m.session_id WHERE m.tenant_id = %s AND "
-                           f"m.user_id = %s AND m.role = ANY(%s) ORDER BY {records.user_timeline_order(newest is not None)}"
+                           f"m.user_id = %s AND s.parent_session_id = '' AND m.role = ANY(%s) ORDER BY {records.user_timeline_order(newest is not None)}"
                            + (" LIMIT %s" if newest is not None else ""),
                            [scope.tenant_id, scope.user_id, [int(r) for r in roles],
                             *([newest] if newest is not None else [])])

@@ -1,0 +1,126 @@
+"""Static word vectors: word-level meaning for the default profile without a model at run time.
+
+A table of the ~21.7k whole English words in all-MiniLM-L6-v2's vocabulary, each embedded once on
+its own through the model, centred (the shared direction every word has in common says nothing),
+projected on its 128 principal axes and stored as int8 (sidecar/index/word_vectors.npz, 2.7 MB,
+shipped with the package and rebuilt by `python -m sidecar.index.word_vectors` with the `model`
+extra installed). The vocabulary is in the model's frequency order, so a word's rank gives its
+weight in a text (log(1 + rank): "the" counts little, "pottery" much).
+
+Two uses, both in episodic recall: a text's vector (the weighted sum of its words' vectors) in
+StaticEmbedder, and the words of a user's own vocabulary nearest a query's words ("married" ->
+husband, wife, wedding), which widen the lexical query where the user said it in other words.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+import fastpath
+
+TABLE = Path(__file__).resolve().with_suffix(".npz")  # next to this module, shipped with the package
+DIM = 128
+_WORD_RE = re.compile(r"[a-z]+(?:'[a-z]+)?")  # "don't" is one word (and not in the table)
+
+
+class WordVectors:
+    def __init__(self, words: Sequence[str], vectors: np.ndarray) -> None:
+        vecs = vectors.astype(np.float32)
+        vecs /= np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-9)
+        self.words = list(words)
+        self.index = {w: i for i, w in enumerate(self.words)}
+        self.vectors = vecs  # unit rows, in the model's frequency order
+        self.weight = np.log1p(np.arange(1, len(words) + 1, dtype=np.float32))  # by frequency rank
+        self.dim = vecs.shape[1]
+
+    @classmethod
+    def load(cls, path: Path = TABLE) -> WordVectors:
+        with np.load(path) as z:
+            return cls(str(z["words"]).split("\n"), z["vectors"])
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """float32[n, dim]: each text's known words, weighted by rank, summed and normalised (zero
+        when it has none: a text in another script or of unknown words only)."""
+        out = np.zeros((len(texts), self.dim), np.float32)
+        rows: list[int] = []
+        owners: list[int] = []
+        index = self.index
+        for k, text in enumerate(texts):
+            for word in _WORD_RE.findall(text.lower()):
+                i = index.get(word)
+                if i is not None:
+                    rows.append(i)
+                    owners.append(k)
+        if rows:
+            np.add.at(out, np.asarray(owners), self.vectors[rows] * self.weight[rows, None])
+            norms = np.linalg.norm(out, axis=1, keepdims=True)
+            np.divide(out, norms, out=out, where=norms > 0)
+        return out
+
+    def by_stem(self, stem) -> tuple[dict[str, int], np.ndarray]:
+        """(stem -> row, unit rows): each stem's words averaged ("paint", "painting", "painted" ->
+        one row), so terms as the lexical index keeps them can be compared."""
+        groups: dict[str, list[int]] = {}
+        for i, word in enumerate(self.words):
+            groups.setdefault(stem(word), []).append(i)
+        keys = list(groups)
+        mat = np.stack([self.vectors[groups[k]].mean(axis=0) for k in keys])
+        mat /= np.maximum(np.linalg.norm(mat, axis=1, keepdims=True), 1e-9)
+        return {k: i for i, k in enumerate(keys)}, mat.astype(np.float32)
+
+
+@functools.cache
+def default_vectors() -> WordVectors:
+    return WordVectors.load()
+
+
+class StaticEmbedder:
+    """The default profile's embedder of past turns: the static word vectors (meaning) joined with
+    the hashed n-grams (spelling, and any script the word table lacks), their cosines summed with
+    weights STATIC_SHARE and 1 - STATIC_SHARE. Tens of microseconds per text, no model."""
+
+    name = "static-words-128+hash-256"
+    STATIC_SHARE = 0.7
+    HASH_DIM = 256
+
+    def __init__(self, vectors: WordVectors | None = None) -> None:
+        self.vectors = vectors or default_vectors()
+        self.dim = self.vectors.dim + self.HASH_DIM
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        words = self.vectors.embed(texts) * np.float32(self.STATIC_SHARE ** 0.5)
+        hashed = fastpath.hash_embed(list(texts), self.HASH_DIM) * np.float32((1.0 - self.STATIC_SHARE) ** 0.5)
+        out = np.concatenate([words, hashed], axis=1)
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        np.divide(out, norms, out=out, where=norms > 0)  # a text with no known word: the hash alone
+        return out
+
+
+def distill(path: Path = TABLE, dim: int = DIM) -> int:
+    """Rebuild the table from the local model (the `model` extra); returns the number of words."""
+    from sidecar.index.embedders import MiniLMEmbedder
+
+    model = MiniLMEmbedder(threads=os.cpu_count())._model
+    vocab = model.tokenizer.get_vocab()
+    words = sorted((w for w in vocab if re.fullmatch(r"[a-z]{2,}", w)), key=vocab.__getitem__)
+    vecs = np.asarray(model.encode(words, batch_size=512, normalize_embeddings=False, show_progress_bar=False,
+                                   convert_to_numpy=True), np.float64)
+    vecs -= vecs.mean(axis=0)
+    _, _, axes = np.linalg.svd(vecs, full_matrices=False)
+    vecs = vecs @ axes[:dim].T
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    quantised = np.round(vecs * (127.0 / np.abs(vecs).max(axis=1, keepdims=True))).astype(np.int8)
+    np.savez_compressed(path, words=np.array("\n".join(words)), vectors=quantised)
+    return len(words)
+
+
+if __name__ == "__main__":
+    print(f"{distill()} words written to {TABLE}")
