@@ -285,7 +285,7 @@ CONCEPTS = {stem(k): tuple(dict.fromkeys(t for w in v.split() for t in terms(w) 
 
 @lru_cache(maxsize=1)
 def _stem_vectors() -> tuple[dict[str, int], list[str], np.ndarray]:
-    """The static word vectors averaged per stem (built once, ~0.1 s, on the first query)."""
+    """The static word vectors averaged per stem (built once, ~0.3 s: EpisodicSource.warm_up at start-up)."""
     index, mat = default_vectors().by_stem(stem)
     return index, list(index), mat
 
