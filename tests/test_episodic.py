@@ -18,6 +18,7 @@ import fastpath
 from sidecar.api import context_service_pb2 as pb
 from sidecar.api import context_service_pb2_grpc as pb_grpc
 from sidecar.domain import Message, Role, Scope
+from sidecar.index.embedders import HashEmbedder
 from sidecar.memory.episodic import DEFAULT_RANKING, EpisodicSource, _UserIndex, stem, terms
 from sidecar.server import build_server
 
@@ -220,8 +221,8 @@ def test_compaction_equals_an_index_built_from_the_kept_turns(dated):
     that adding the kept turns to an empty one builds, when the cut falls between sessions."""
     turns = _turns(6, 9)
     full, fresh = _UserIndex(dim=64, window=4, dated=dated), _UserIndex(dim=64, window=4, dated=dated)
-    full.add(turns, None, True)
-    fresh.add(turns[18:], None, True)
+    full.add(turns, HashEmbedder(full.dim), True)
+    fresh.add(turns[18:], HashEmbedder(fresh.dim), True)
     full.item_bodies([0, 20, 25])
     small = full.compacted(18)
     assert small.ids == fresh.ids and small.texts == fresh.texts and small.known == fresh.known
@@ -236,7 +237,7 @@ def test_compaction_equals_an_index_built_from_the_kept_turns(dated):
     q = fastpath.hash_embed(["guitar by the lake"], 64)[0]
     assert np.allclose(small.rank("guitar by the lake", q, "", DEFAULT_RANKING),
                        fresh.rank("guitar by the lake", q, "", DEFAULT_RANKING))
-    small.add(_turns(7, 9)[-9:], None, True)  # and it keeps growing like any index
+    small.add(_turns(7, 9)[-9:], HashEmbedder(small.dim), True)  # and it keeps growing like any index
     assert len(small) == n + 9 and small.nbr[n, 4] == n + 1
 
 
@@ -245,15 +246,15 @@ def test_contextual_vectors_embed_a_turn_with_its_previous_turn_and_survive_comp
     session's first turn alone); a compaction keeps them; without context no second vector is held."""
     turns = _turns(4, 5)
     state = _UserIndex(dim=64, window=4, dated=False, context=1, context_chars=400)
-    state.add(turns[:7], None, True)
-    state.add(turns[7:], None, True)  # the previous turn may come from an earlier add
+    state.add(turns[:7], HashEmbedder(state.dim), True)
+    state.add(turns[7:], HashEmbedder(state.dim), True)  # the previous turn may come from an earlier add
     expect = [state.texts[i] if state.position[i] == 0 else f"{state.texts[i - 1]}\n{state.texts[i]}"
               for i in range(len(state))]
     assert np.allclose(state.ctx_vectors[:len(state)], fastpath.hash_embed(expect, 64))
     small = state.compacted(5)
     assert small.context == 1 and np.array_equal(small.ctx_vectors[:len(small)], state.ctx_vectors[5:len(state)])
     plain = _UserIndex(dim=64, window=4, dated=False)
-    plain.add(turns, None, True)
+    plain.add(turns, HashEmbedder(plain.dim), True)
     assert plain.ctx_vectors.shape[1] == 0
 
 
@@ -263,7 +264,7 @@ def test_the_embedded_query_can_leave_the_speakers_names_out():
     from sidecar.memory.episodic import _dense_query
 
     state = _UserIndex(dim=64, window=4, dated=False)
-    state.add(_turns(1, 2), None, True)
+    state.add(_turns(1, 2), HashEmbedder(state.dim), True)
     r = replace(DEFAULT_RANKING, dense_query_names=False)
     assert _dense_query("What did Ann's dog and bob eat?", state, r) == "What did dog and eat?"
     assert _dense_query("Ann?", state, r) == "Ann?"  # nothing left: the query as asked
@@ -273,7 +274,7 @@ def test_the_embedded_query_can_leave_the_speakers_names_out():
 def test_compaction_inside_a_session_cuts_its_neighbours():
     turns = _turns(2, 9)
     full = _UserIndex(dim=64, window=4, dated=False)
-    full.add(turns, None, True)
+    full.add(turns, HashEmbedder(full.dim), True)
     small = full.compacted(4)  # the first session loses its first four turns
     assert small.ids[0] == "m4" and small.position[0] == 4  # its place in the session is kept
     assert (small.nbr[0, :4] == -1).all() and small.nbr[0, 4] == 1  # no previous turn any more; next is m5
@@ -304,7 +305,7 @@ def test_sparse_window_bm25_matches_the_dense_form():
     texts = ["tortoise eats dandelions", "a blue vase", "tortoise shell", "the garden", "vase of dandelions",
              "bakery night shift", "tortoise tortoise"]
     state.add([Message(f"m{i}", "s1" if i < 4 else "s2", i, Role.USER, t, "", "", 1_683_552_960_000 + i, 0, 0, 0)
-               for i, t in enumerate(texts)], None, True)
+               for i, t in enumerate(texts)], HashEmbedder(state.dim), True)
     decay = np.array([0.7 ** k for k in range(4, 0, -1)] + [0.7 ** k for k in range(1, 5)], np.float32)
     q = terms("tortoise dandelions vase")
     got = state.window_bm25(q, decay, 1.2, 0.75)
@@ -373,7 +374,7 @@ def _index(sessions: list[tuple[int, list[tuple[str, str]]]]):
             role = Role.USER if speaker == "Ann" else Role.ASSISTANT
             msgs.append(Message(f"m{i}", sid, k, role, text, "", "", day_ms + k * 1000, 0, 0, 0, speaker=speaker))
             i += 1
-    state.add(msgs, None, True)
+    state.add(msgs, HashEmbedder(state.dim), True)
     return state
 
 
@@ -564,7 +565,7 @@ def test_a_turn_naming_someone_or_something_is_boosted():
     assert score[0] / score[2] == pytest.approx(1.15)
     # A name is known as a speaker's once they speak: a turn before that is marked again.
     state.add([Message("late", f"s0-{MAY_8}", 3, Role.USER, "Hi all.", "", "", MAY_8 + 3000, 0, 0, 0,
-                       speaker="Laura")], None, True)
+                       speaker="Laura")], HashEmbedder(state.dim), True)
     assert not state.proper[0] and state.compacted(1).proper[:2].tolist() == [False, False]
 
 

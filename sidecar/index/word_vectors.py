@@ -29,6 +29,13 @@ DIM = 128
 _WORD_RE = re.compile(r"[a-z]+(?:'[a-z]+)?")  # "don't" is one word (and not in the table)
 
 
+def _to_unit_rows(out: np.ndarray) -> np.ndarray:
+    """Scale each non-zero row to length 1, in place (an all-zero row stays zero)."""
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    np.divide(out, norms, out=out, where=norms > 0)
+    return out
+
+
 class WordVectors:
     def __init__(self, words: Sequence[str], vectors: np.ndarray) -> None:
         vecs = vectors.astype(np.float32)
@@ -59,8 +66,7 @@ class WordVectors:
                     owners.append(k)
         if rows:
             np.add.at(out, np.asarray(owners), self.vectors[rows] * self.weight[rows, None])
-            norms = np.linalg.norm(out, axis=1, keepdims=True)
-            np.divide(out, norms, out=out, where=norms > 0)
+            _to_unit_rows(out)
         return out
 
     def by_stem(self, stem) -> tuple[dict[str, int], np.ndarray]:
@@ -98,10 +104,7 @@ class StaticEmbedder:
             return np.zeros((0, self.dim), np.float32)
         words = self.vectors.embed(texts) * np.float32(self.STATIC_SHARE ** 0.5)
         hashed = fastpath.hash_embed(list(texts), self.HASH_DIM) * np.float32((1.0 - self.STATIC_SHARE) ** 0.5)
-        out = np.concatenate([words, hashed], axis=1)
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        np.divide(out, norms, out=out, where=norms > 0)  # a text with no known word: the hash alone
-        return out
+        return _to_unit_rows(np.concatenate([words, hashed], axis=1))  # no known word: the hash alone
 
 
 def distill(path: Path = TABLE, dim: int = DIM) -> int:

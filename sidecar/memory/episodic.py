@@ -493,7 +493,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             setattr(self, name, new)
         self.cap = cap
 
-    def add(self, messages: Sequence[Message], embedder: Embedder | None, stemmed: bool) -> int:
+    def add(self, messages: Sequence[Message], embedder: Embedder, stemmed: bool) -> int:
         fresh = [m for m in messages if m.role in INDEXED_ROLES and m.message_id not in self.known and m.text]
         if not fresh:
             return 0
@@ -504,8 +504,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         # Counted once here, for exactly the line that is packed: its text and the newline after it.
         self.tokens[start:end] = count_lines(texts)
         body = [m.text for m in fresh]
-        self.vectors[start:end] = (embedder.embed(body) if embedder is not None
-                                   else fastpath.hash_embed(body, self.dim))
+        self.vectors[start:end] = embedder.embed(body)
         self.exact[start:end], self.simhash[start:end] = fastpath.text_keys(texts)
         session_ids = {sid: i for i, sid in enumerate(self.session_rows)}
         speakers = len(self.speakers)
@@ -562,8 +561,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             for row in range(start, end):
                 prev = [int(self.nbr[row, self.window - k]) for k in range(min(self.context, self.window), 0, -1)]
                 ctx.append("\n".join([*(self.texts[p][-self.context_chars:] for p in prev if p >= 0), texts[row - start]]))
-            self.ctx_vectors[start:end] = (embedder.embed(ctx) if embedder is not None
-                                           else fastpath.hash_embed(ctx, self.dim))
+            self.ctx_vectors[start:end] = embedder.embed(ctx)
         return len(fresh)
 
     def _mark_proper(self, first: int) -> None:
