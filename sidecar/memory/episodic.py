@@ -64,7 +64,7 @@ class Ranking:
     prev_decay: float = 0.55  # weight of the k-th previous turn: prev_decay ** k
     next_decay: float = 0.55  # weight of the k-th next turn
     k1: float = 1.2
-    b: float = 0.75
+    b: float = 1.0  # a window's BM25 fully normalised by its length: a long turn matches more by chance
     session_weight: float = 0.0  # share of the best-matching turn of the same session
     drop_names: bool = True  # leave the people's names out of the lexical query (the speaker boost has them)
     question_stopwords: bool = False
@@ -124,6 +124,10 @@ DEFAULT_RANKING = Ranking()
 # 94.4 -> 95.5), multi-hop 86.3 -> 88.1 % at 4k; ~0.2 ms more per query (in process p50 0.62 -> 0.81
 # ms). 5 or 14 similar words per term, cosine 0.35-0.55, weight 0.15-0.25 and the dense share 0.25
 # moved 2k by at most 0.3; 256 or 384 dimensions instead of 128 by 0.0 to +0.2.
+# BM25's length normalisation b 0.75 -> 1.0 (once the query had grown by its expansions, long turns
+# matched more of it by chance): 91.9 / 96.0 -> 92.4 / 96.0 % (1-5 92.7 -> 93.2 / 96.4 -> 96.5;
+# 6-10 91.0 -> 91.6 / 95.5 -> 95.5); b 0.9 was between; k1 0.9 and 1.5 lower at 2k. A score per token
+# spent (score / tokens ** a) also helped at 2k (+0.6 at a = 0.1) but cost 4k 0.2: not taken.
 # With a model embedder (the optional `model` profile, all-MiniLM-L6-v2): its cosine is worth a larger
 # share than the hashed one's. Tuned on LoCoMo conversations 1-5 (bench/recall.py --profile model):
 # 0.2 -> 0.5 added +1.0 / +0.7 points at 2k / 4k there and +1.1 / +1.1 on conversations 6-10;
@@ -141,7 +145,7 @@ DEFAULT_RANKING = Ranking()
 # (1-5 93.4 -> 93.7 / 96.8 -> 97.0; 6-10 92.4 -> 92.3 / 96.2 -> 96.6), multi-hop 90.1 -> 91.3 % at 4k.
 MODEL_RANKING = replace(DEFAULT_RANKING, dense_weight=0.5, prev_decay=0.7, next_decay=0.7, self_boost=0.0,
                         other_penalty=0.0, dense_neighbours=False, embed_context=1, context_mix=0.5,
-                        dense_query_names=False, assoc_weight=0.15)
+                        dense_query_names=False, assoc_weight=0.15, b=0.75)
 
 # ---------------------------------------------------------------------------------------- terms
 _WORD_RE = re.compile(r"[0-9a-z]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
