@@ -97,6 +97,14 @@ def median_us(fn: Callable[[], object], reps: int, inner: int = 1) -> float:
     return statistics.median(samples) * 1e6
 
 
+def yardstick_ms(reps: int = 5) -> float:
+    """Machine speed, for reading a run's latencies: the pure-Python reference select on a fixed set
+    of 700 candidates (median ms). The same code every time, so a higher figure is a slower machine."""
+    fp, ref = _fastpath()
+    cand = make_candidates(fp, random.Random(20240611))
+    return round(median_us(lambda: ref.select(**cand), reps) / 1000, 2)
+
+
 def knapsack_optimum(values: list[float], weights: list[int], capacity: int) -> float:
     best = np.zeros(capacity + 1)
     for v, w in zip(values, weights, strict=True):

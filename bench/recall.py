@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fastpath_bench import yardstick_ms
 from harness import ROOT, ServerProcess, emit, percentiles
 
 from sidecar.api import context_service_pb2 as pb
@@ -492,7 +493,10 @@ def write_results(figures: dict, profile: str, budgets: Sequence[int]) -> None:
               + ", ".join(f"{int(b) // 1000}k {v['tokens']:.0f} tok / {v['items']:.1f} items / "
                           f"{v['evidence_only_via_memory']:.3f}" for b, v in figures["memories_per_question"].items())
               + ".",
-              f"Evidence ids repaired or unmatched: {figures['evidence_issues']}."]
+              f"Evidence ids repaired or unmatched: {figures['evidence_issues']}.",
+              f"Machine speed (bench/fastpath_bench.py's yardstick, the pure-Python reference select on 700 fixed "
+              f"candidates; higher is slower): {figures['yardstick_ms']['start']} ms before the run, "
+              f"{figures['yardstick_ms']['end']} ms after."]
     if "model_cost" in figures:
         m = figures["model_cost"]
         lines.append(f"Model {m['embedder']} (torch threads {m['torch_threads']}): load {m['load_s']} s; one query "
@@ -548,11 +552,13 @@ def main() -> None:
             app.close()
         emit(figures)
         return
+    before = yardstick_ms()
     server = ServerProcess(["--embedder", "minilm" if args.profile == "model" else "hash"])
     try:
         figures = evaluate(server.stub, convs, budgets, commit=args.commit)
     finally:
         server.stop()
+    figures["yardstick_ms"] = {"start": before, "end": yardstick_ms()}
     figures["profile"] = args.profile
     figures["conversations"] = len(convs)
     if args.profile == "model":
