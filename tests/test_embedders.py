@@ -161,9 +161,8 @@ def test_serve_with_the_model_embeds_with_it_everywhere(spawn):
         pb.NewMessage(role=pb.ROLE_USER, text="My car broke down on the highway again.")]))
     proc.stub.AddMemory(pb.AddMemoryRequest(scope=s, type=pb.MEMORY_TYPE_PREFERENCE, content="Likes short answers"))
     sid = proc.stub.CreateSession(pb.CreateSessionRequest(scope=s)).session_id
-    # No word shared with the puppy turn: only a model's cosine finds it first.
-    ctx = proc.stub.BuildContext(pb.BuildContextRequest(scope=s, session_id=sid, query="Do I own a dog?",
-                                                        debug=True))
+    # No word shared with the puppy turn: its cosine with the query puts it first.
+    ctx = proc.stub.BuildContext(pb.BuildContextRequest(scope=s, session_id=sid, query="Do I own a dog?"))
     recalled = [i for sec in ctx.sections for i in sec.items if i.source.startswith("message:")]
     assert recalled and "puppy" in max(recalled, key=lambda i: i.score).text
     with pytest.raises(grpc.RpcError) as err:  # the hashed embedder's 256 dimensions are not the model's
