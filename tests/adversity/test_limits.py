@@ -89,10 +89,13 @@ def test_flooding_tenant_gets_resource_exhausted_and_others_are_unaffected(tmp_p
         codes: dict[str, int] = {}
         calm_codes: dict[str, int] = {}
         lock = threading.Lock()
-        stop = time.monotonic() + 2.0
+        calm_done = threading.Event()
+        start = time.monotonic()
 
         def hammer(i: int) -> None:
-            while time.monotonic() < stop:
+            # The flood lasts at least 2 s and until the calm tenant has made all its calls, so a slow
+            # machine cannot end the flood before the calm tenant had its turn.
+            while time.monotonic() < start + 2.0 or not calm_done.is_set():
                 try:
                     stubs[i].ListSessions(pb.ListSessionsRequest(scope=flood), timeout=10)
                     code = "OK"
@@ -103,26 +106,30 @@ def test_flooding_tenant_gets_resource_exhausted_and_others_are_unaffected(tmp_p
 
         def steady() -> None:
             stub = server.new_stub()
-            while time.monotonic() < stop:
-                try:
-                    stub.ListSessions(pb.ListSessionsRequest(scope=calm), timeout=10)
-                    code = "OK"
-                except grpc.RpcError as e:
-                    code = code_of(e)
-                calm_codes[code] = calm_codes.get(code, 0) + 1
-                time.sleep(0.2)  # 5/s, well under the limit
+            try:
+                for _ in range(5):
+                    try:
+                        stub.ListSessions(pb.ListSessionsRequest(scope=calm), timeout=10)
+                        code = "OK"
+                    except grpc.RpcError as e:
+                        code = code_of(e)
+                    calm_codes[code] = calm_codes.get(code, 0) + 1
+                    time.sleep(0.2)  # 5/s, well under the limit
+            finally:
+                calm_done.set()
 
         with ThreadPoolExecutor(9) as ex:
             futures = [ex.submit(hammer, i) for i in range(8)] + [ex.submit(steady)]
             for f in futures:
                 f.result()
-        print("flood", codes, "calm", calm_codes)
+        elapsed = time.monotonic() - start
+        print("flood", codes, "calm", calm_codes, f"{elapsed:.2f} s")
         assert codes.get("RESOURCE_EXHAUSTED", 0) > 0 and codes.get("OK", 0) > 0, codes
         assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, codes
-        # 2 s at 10/s plus a burst of 20: the limiter let through about what it promises. (A low
+        # 10/s over the flood plus a burst of 20: the limiter let through about what it promises. (A low
         # rate, so even a slow, busy machine floods past it.)
-        assert codes["OK"] <= 10 * 2 + 20 + 10, codes
-        assert calm_codes.get("OK", 0) >= 5 and set(calm_codes) == {"OK"}, calm_codes
+        assert codes["OK"] <= 10 * elapsed + 20 + 10, (codes, elapsed)
+        assert calm_codes == {"OK": 5}, calm_codes
         assert server.alive() and server.healthy()
     finally:
         server.stop()
