@@ -586,3 +586,66 @@ def test_similar_words_widen_the_query():
     q = "Is Ann married?"
     wide, plain = state.rank(q, None, "", r), state.rank(q, None, "", replace(r, similar_terms=0))
     assert plain.max() == 0 < wide[0] and int(np.argmax(wide)) == 0  # no shared word: bridged by meaning
+
+
+def test_concept_kin_widens_a_category_word_through_the_word_vectors():
+    from dataclasses import replace
+
+    from sidecar.memory.episodic import CONCEPTS, Ranking, concept_stems
+
+    activity = stem("activities")
+    kin = concept_stems(activity, 0.45)
+    # "jogging" is not in the hand-written list for "activities"; its vector sits near the list's centroid.
+    assert stem("jogging") in kin and stem("jogging") not in CONCEPTS[activity] and concept_stems("zzqx", 0.45) == ()
+    assert len(concept_stems(activity, 0.6)) < len(kin)
+    turns = [("Ann", "Went jogging along the river at dawn."), ("Bob", "Nice."), ("Ann", "Cool weather today."),
+             ("Bob", "Sure."), ("Ann", "I bought a new lamp.")]
+    state = _index([(MAY_8, turns)])
+    r = Ranking(opener_boost=0.0, assoc_terms=0, similar_terms=0, prf_docs=0, concept_similar=20, concept_min=0.45)
+    q = "What activities does Ann do?"
+    assert state.concept_kin(terms(q), {"ann", "bob"}, r) == [stem("jogging")]  # the user's words, only the kin
+    wide, plain = state.rank(q, None, "", r), state.rank(q, None, "", replace(r, concept_similar=0))
+    assert plain.max() == 0 < wide[0] and int(np.argmax(wide)) == 0
+
+
+def test_a_question_for_kinds_of_things_is_told_apart():
+    from sidecar.memory.episodic import asks_for_kinds
+
+    kinds = ["What activities does Melanie partake in?", "Which cities has Jon visited?", "which countries?",
+             "What kind of music does John like?", "What outdoor activities has John done with his colleagues?",
+             "What animal do both Nate and Joanna like?", "What do Jon and Gina have in common?"]
+    facts = ["What is Caroline's relationship status?", "What does Tim do to escape reality?", "What's new?",
+             "How many turtles does Nate have?", "What was his answer?", "When did Ann move?", ""]
+    assert [asks_for_kinds(q) for q in kinds] == [True] * len(kinds)
+    assert [asks_for_kinds(q) for q in facts] == [False] * len(facts)
+
+
+def test_a_question_for_kinds_gives_meaning_its_own_share():
+    from dataclasses import replace
+
+    from sidecar.memory.episodic import Ranking
+
+    state = _index([(MAY_8, [("Ann", "I went to Paris and Rome."), ("Bob", "Which one was best?"),
+                             ("Ann", "Rome, for the food."), ("Bob", "I have not travelled much.")])])
+    base = Ranking(opener_boost=0.0, assoc_terms=0, similar_terms=0, prf_docs=0, concept_similar=0, dense_weight=0.0)
+    for q, kinds in (("Which cities has Ann visited?", True), ("Where did Ann go to eat?", False)):
+        qvec = HashEmbedder(state.dim).embed([q])[0]
+        lexical = state.rank(q, qvec, "", base)
+        shared = state.rank(q, qvec, "", replace(base, kind_dense_weight=0.5))
+        assert (not np.allclose(shared, lexical)) is kinds, q  # only a question for kinds mixes the cosine in
+
+
+def test_feedback_from_the_best_turns_widens_the_query():
+    from dataclasses import replace
+
+    from sidecar.memory.episodic import Ranking
+
+    first = [("Ann", "My pottery class made a glazed bowl."), ("Bob", "Nice."), ("Ann", "I bought a new lamp.")]
+    later = [("Ann", "The glazed bowl cracked in the kiln."), ("Bob", "Oh no."), ("Ann", "Cold weather today.")]
+    state = _index([(MAY_8, first), (MAY_8 + 30 * DAY_MS, later)])
+    r = Ranking(opener_boost=0.0, assoc_terms=0, similar_terms=0, concept_similar=0, prf_docs=1, prf_terms=4,
+                prf_weight=0.5)
+    q = "What pottery did Ann make?"
+    wide, plain = state.rank(q, None, "", r), state.rank(q, None, "", replace(r, prf_docs=0))
+    # The best turn's terms said elsewhere too ("glazed", "bowl") find the later turn that never says "pottery".
+    assert plain[3] == 0 < wide[3] and int(np.argmax(wide)) == 0

@@ -9,10 +9,13 @@ built from rows the first time a user is seen. Never searched across users.
 Ranking (no model at run time, see bench/recall.py for what each part adds): BM25 of the turn plus
 its same-session neighbours with decaying weights (a fact is often spread over question and answer),
 plus BM25 of the query's category words expanded through a small hand-written concept list ("pets"
--> dog, cat, turtle...), of the terms the user says most with the query's terms (pointwise mutual
+-> dog, cat, turtle...) and the user's words nearest each concept's centroid in the static word vectors
+("activities" -> jogging), of the terms the best turns share with other turns (pseudo-relevance
+feedback), of the terms the user says most with the query's terms (pointwise mutual
 information over their own turns) and of the user's terms nearest the query's in the static word
 vectors ("married" -> husband, wife), fused with the dense cosine (of the turn, and of the turn
-embedded with its previous one: an answer carries its question), times a boost for turns spoken by
+embedded with its previous one: an answer carries its question; weighing more for a question asking
+for kinds of things, "What activities..."), times a boost for turns spoken by
 a person the query names, for turns of a session in the month the query names or told on (or within
 a week after) a day it names ("on 9 November, 2022"), and for a session's first turns (a session
 opens with the news since the last one), for a turn in the first person ("I", "my": it tells of its
@@ -69,7 +72,10 @@ class Ranking:
     drop_names: bool = True  # leave the people's names out of the lexical query (the speaker boost has them)
     question_stopwords: bool = False
     window_doc: float = 1.0  # weight of BM25 over the window as one pseudo-document (coverage of distinct terms)
-    dense_weight: float = 0.2  # share of the dense cosine in the fused score
+    dense_weight: float = 0.25  # share of the dense cosine in the fused score
+    # ... for a question asking for kinds of things ("What activities...", "What kind of music...", "...both
+    # like?"): its answers name instances (pottery, jazz), rarely the kind, so meaning weighs more. 0: as above.
+    kind_dense_weight: float = 0.3
     dense_neighbours: bool = True
     speaker_boost: float = 1.0  # turns spoken by a person the query names
     date_boost: float = 0.3  # turns of a session in the month the query names
@@ -80,9 +86,14 @@ class Ranking:
     stem: bool = True
     date_headers: bool = True  # one "[8 May 2023]" item per day instead of the date on every turn
     concept_weight: float = 0.4  # share of the CONCEPTS expansion of the query's category words
-    prf_docs: int = 0  # pseudo-relevance feedback: top turns whose strongest terms expand the query
+    # The concept list widened by the static word vectors: per category word of the query, up to
+    # concept_similar of the user's terms whose cosine with the centroid of the word and its CONCEPTS
+    # list is at least concept_min ("activities" -> kayaking, jogging where the list has hiking, biking).
+    concept_similar: int = 20
+    concept_min: float = 0.45
+    prf_docs: int = 10  # pseudo-relevance feedback: top turns whose strongest terms expand the query
     prf_terms: int = 8
-    prf_weight: float = 0.0
+    prf_weight: float = 0.1
     assoc_terms: int = 5  # terms the user says most with the query's terms (PMI over turns) widen the query
     assoc_weight: float = 0.08
     assoc_min: int = 2  # turns a term must share with a query term
@@ -128,6 +139,13 @@ DEFAULT_RANKING = Ranking()
 # matched more of it by chance): 91.9 / 96.0 -> 92.4 / 96.0 % (1-5 92.7 -> 93.2 / 96.4 -> 96.5;
 # 6-10 91.0 -> 91.6 / 95.5 -> 95.5); b 0.9 was between; k1 0.9 and 1.5 lower at 2k. A score per token
 # spent (score / tokens ** a) also helped at 2k (+0.6 at a = 0.1) but cost 4k 0.2: not taken.
+# For multi-hop (list) questions, four parts together (all ten at 2k / 4k, multi-hop at 4k; halves at 4k):
+# the concept list widened by the word vectors (20 kin per concept word, cosine >= 0.45), pseudo-relevance
+# feedback (8 terms of the 10 best turns, weight 0.1), the dense share 0.2 -> 0.25 and 0.3 for a
+# question asking for kinds of things: 92.38 / 95.97 -> 92.41 / 96.44 %, multi-hop 88.0 -> 90.1 %
+# (conversations 1-5: 90.0 -> 91.6, 6-10: 86.1 -> 88.6). Each left out: kin 92.19 / 96.22 (mh 89.3),
+# feedback 92.08 / 96.29 (89.9), the kinds share 92.52 / 96.34 (89.7), dense 0.2 92.49 / 96.41 (89.7).
+# The cosine share 0.3-0.35 for every question reached multi-hop 89.5-90.1 but 2k 91.2-91.9.
 # With a model embedder (the optional `model` profile, all-MiniLM-L6-v2): its cosine is worth a larger
 # share than the hashed one's. Tuned on LoCoMo conversations 1-5 (bench/recall.py --profile model):
 # 0.2 -> 0.5 added +1.0 / +0.7 points at 2k / 4k there and +1.1 / +1.1 on conversations 6-10;
@@ -143,9 +161,13 @@ DEFAULT_RANKING = Ranking()
 # names a speaker, a second query embedding (the memory source embeds the query as asked).
 # The similar words from the static vectors (as in DEFAULT_RANKING) added 92.9 / 96.5 -> 93.0 / 96.8 %
 # (1-5 93.4 -> 93.7 / 96.8 -> 97.0; 6-10 92.4 -> 92.3 / 96.2 -> 96.6), multi-hop 90.1 -> 91.3 % at 4k.
-MODEL_RANKING = replace(DEFAULT_RANKING, dense_weight=0.5, prev_decay=0.7, next_decay=0.7, self_boost=0.0,
+# BM25's b 0.75 -> 1.0 (as in DEFAULT_RANKING) with the model's share 0.5 -> 0.55, in process: 93.01 / 96.79 ->
+# 93.02 / 97.00 % (1-5 96.96 -> 97.22, 6-10 96.62 -> 96.79 at 4k), multi-hop 91.3 -> 91.4; b = 1 alone
+# 93.08 / 96.87; a share of 0.45 gave 93.12 / 96.78.
+MODEL_RANKING = replace(DEFAULT_RANKING, dense_weight=0.55, prev_decay=0.7, next_decay=0.7, self_boost=0.0,
                         other_penalty=0.0, dense_neighbours=False, embed_context=1, context_mix=0.5,
-                        dense_query_names=False, assoc_weight=0.15, b=0.75)
+                        dense_query_names=False, assoc_weight=0.15, b=1.0, kind_dense_weight=0.0, prf_docs=0,
+                        prf_weight=0.0, concept_similar=0)
 
 # ---------------------------------------------------------------------------------------- terms
 _WORD_RE = re.compile(r"[0-9a-z]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
@@ -213,6 +235,30 @@ QUESTION_WORDS = frozenset(stem(w) for w in (
     "kind type likely would think thing things something ever many much often long did does "
     "doing get got go went say said mention mentioned tell told"
 ).split())
+
+
+_KIND_WORDS = frozenset("kind kinds type types sort sorts".split())
+_AUXILIARIES = frozenset("did does do is was has have are were would could can might will should".split())
+_NOT_PLURALS = frozenset("this his its was has does always perhaps sometimes yes across".split())
+
+
+def asks_for_kinds(query: str) -> bool:
+    """A question asking for kinds of things rather than one fact: "What activities...", "Which cities...",
+    "What kind of music...", or what two people both do or have in common. Its answers name instances
+    (pottery, Paris) and seldom the kind, so Ranking.kind_dense_weight gives meaning more weight."""
+    words = re.findall(r"[a-z']+", query.lower())
+    if "both" in words or "common" in words:
+        return True
+    if not words or words[0] not in ("what", "which"):
+        return False
+    for w in words[1:4]:  # up to the verb: "What [outdoor activities] has...", "Which [new games] did..."
+        if w in _KIND_WORDS:
+            return True
+        if w in _AUXILIARIES:
+            return False
+        if len(w) > 3 and w.endswith("s") and not w.endswith(("ss", "us", "is")) and w not in _NOT_PLURALS:
+            return True
+    return False
 
 
 # General-English category words and what they usually stand for in a conversation, so a question
@@ -311,6 +357,22 @@ def similar_stems(query_terms: Sequence[str], min_cosine: float) -> list[tuple[s
             hits = hits[np.argsort(-sims[hits, j], kind="stable")]
             _SIMILAR[t, min_cosine] = tuple(keys[i] for i in hits.tolist() if keys[i] != t)
     return [_SIMILAR.get((t, min_cosine), ()) for t in query_terms]
+
+
+@lru_cache(maxsize=1024)  # keys: the CONCEPTS entries (~60) per concept_min in use
+def concept_stems(concept: str, min_cosine: float) -> tuple[str, ...]:
+    """The stems whose static word vectors have a cosine of at least min_cosine with the centroid of
+    `concept` and its CONCEPTS words, nearest first: the hand-written list's kin in the whole table."""
+    index, keys, mat = _stem_vectors()
+    seeds = [index[t] for t in (concept, *CONCEPTS.get(concept, ())) if t in index]
+    if not seeds:
+        return ()
+    centre = mat[seeds].mean(axis=0)
+    centre /= max(float(np.linalg.norm(centre)), 1e-9)
+    sims = mat @ centre
+    hits = np.flatnonzero(sims >= min_cosine)
+    hits = hits[np.argsort(-sims[hits], kind="stable")]
+    return tuple(keys[i] for i in hits.tolist())
 
 
 # ---------------------------------------------------------------------------------------- dates
@@ -724,6 +786,8 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         # The query's terms, their concept words and the terms said with them: window counts in one pass.
         have = set(q_terms)
         wider = [t for q in q_terms for t in CONCEPTS.get(q, ()) if t not in have] if r.concept_weight > 0 else []
+        if r.concept_similar > 0 and r.concept_weight > 0:
+            wider += self.concept_kin(q_terms, {*have, *wider, *names}, r)
         assoc = self.associated(q_terms, names, r) if r.assoc_terms > 0 and r.assoc_weight > 0 else []
         similar = self.similar(q_terms, names, r) if r.similar_terms > 0 and r.similar_weight > 0 else []
         win, wider_win, assoc_win, similar_win = self.window_bm25_groups(
@@ -741,7 +805,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             best = np.zeros(len(self.session_rows), np.float32)
             np.maximum.at(best, self.session_of[:n], score)
             score = score + r.session_weight * best[self.session_of[:n]]
-        if qvec is not None and r.dense_weight > 0 and np.any(qvec):
+        if qvec is not None and (r.dense_weight > 0 or r.kind_dense_weight > 0) and np.any(qvec):
             dense = np.zeros(n + 1, np.float32)
             dense[:n] = self.vectors[:n] @ qvec
             if self.context > 0 and r.context_mix > 0:
@@ -752,8 +816,9 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             else:
                 dense = dense[:n]
             dtop = float(dense.max())
+            share = r.kind_dense_weight if r.kind_dense_weight and asks_for_kinds(query) else r.dense_weight
             if dtop > 0:
-                score = (1.0 - r.dense_weight) * score + r.dense_weight * dense / dtop
+                score = (1.0 - share) * score + share * dense / dtop
         score = score.astype(np.float64)
         mult = np.ones(n)
         if named and r.speaker_boost and len(named) < len(self.speakers):
@@ -831,6 +896,23 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
                     out[t] = None
                     picked += 1
         return list(out)
+
+    def concept_kin(self, query_terms: Sequence[str], exclude: set[str], r: Ranking) -> list[str]:
+        """Per query term with a CONCEPTS entry, up to concept_similar terms of this user nearest the
+        concept's centroid (concept_stems), nearest first; those in `exclude` left out."""
+        out: list[str] = []
+        for q in dict.fromkeys(query_terms):
+            if q not in CONCEPTS:
+                continue
+            picked = 0
+            for t in concept_stems(q, r.concept_min):
+                if picked == r.concept_similar:
+                    break
+                if t in self.vocab and t not in exclude:
+                    out.append(t)
+                    exclude.add(t)
+                    picked += 1
+        return out
 
     def associated(self, query_terms: Sequence[str], names: set[str], r: Ranking) -> list[str]:
         """The assoc_terms terms the user says most with the query's terms ("hike" -> trail, view):
