@@ -932,22 +932,27 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         return [self.words[i] for i in best.tolist()]
 
     def _feedback(self, score: np.ndarray, query_terms: set[str], r: Ranking) -> list[str]:
-        """The prf_terms terms most characteristic of the prf_docs best turns (idf-weighted, not in the query)."""
+        """The prf_terms terms most characteristic of the prf_docs best turns: each term's idf summed over
+        those turns holding it (terms of one turn only, the query's and the names left out), ties in
+        the order the terms first appear."""
         n = len(self.ids)
         best = np.argpartition(-score, r.prf_docs - 1)[: r.prf_docs]
-        weight: dict[str, float] = {}
+        best = best[score[best] > 0]
+        if not len(best):
+            return []
+        ptr = self.term_ptr
+        ids = np.concatenate([self.term_at[ptr[row]:ptr[row + 1]] for row in best.tolist()])
         names = {stem(x) for name in self.speakers for x in name.split()}
-        for row in best.tolist():
-            if score[row] <= 0:
-                continue
-            for t in self.row_terms[row]:
-                if t in query_terms or t in names:
-                    continue
-                df = len(self.postings[t][0])
-                if df < 2:
-                    continue
-                weight[t] = weight.get(t, 0.0) + math.log(1.0 + (n - df + 0.5) / (df + 0.5))
-        return sorted(weight, key=weight.__getitem__, reverse=True)[: r.prf_terms]
+        skip = [self.vocab[t] for t in {*query_terms, *names} if t in self.vocab]
+        df = self.term_df[ids]
+        keep = (df >= 2) & ~np.isin(ids, skip)
+        ids, df = ids[keep], df[keep].astype(np.float64)
+        if not len(ids):
+            return []
+        terms_, first, where = np.unique(ids, return_index=True, return_inverse=True)
+        weight = np.bincount(where, weights=np.log(1.0 + (n - df + 0.5) / (df + 0.5)))
+        top = np.lexsort((first, -weight))[: r.prf_terms]
+        return [self.words[i] for i in terms_[top].tolist()]
 
 
 class EpisodicSource:
