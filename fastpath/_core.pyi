@@ -122,6 +122,16 @@ def cooccurring_terms(
     exclude: npt.ArrayLike,
     k: int,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]: ...
+def feedback_terms(
+    rows: npt.ArrayLike,
+    term_ptr: npt.ArrayLike,
+    term_at: npt.ArrayLike,
+    term_df: npt.ArrayLike,
+    n_rows: float,
+    min_df: int,
+    exclude: npt.ArrayLike,
+    k: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]: ...
 def arrange(
     picked: npt.ArrayLike,
     starts: npt.ArrayLike,

@@ -1740,6 +1740,89 @@ def cooccurring_terms(term_rows, term_ptr, term_at, term_df, double n_rows, Py_s
         free(acc_ids)
 
 
+def feedback_terms(rows, term_ptr, term_at, term_df, double n_rows, Py_ssize_t min_df, exclude, Py_ssize_t k):
+    """The k terms most characteristic of some rows, by summed idf; see fastpath.reference.feedback_terms
+    for the exact rule. Only the given rows are read."""
+    cdef cnp.ndarray ptr = _arr("term_ptr", term_ptr, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    cdef cnp.ndarray at = _arr("term_at", term_at, cnp.NPY_INT32, np.int32, _INT_KINDS, -1)
+    cdef cnp.ndarray df = _arr("term_df", term_df, cnp.NPY_INT32, np.int32, _INT_KINDS, -1)
+    cdef cnp.ndarray ex = _arr("exclude", exclude, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    cdef cnp.ndarray rw = _arr("rows", rows, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    cdef Py_ssize_t n = cnp.PyArray_DIM(ptr, 0) - 1, size = cnp.PyArray_DIM(df, 0), n_at = cnp.PyArray_DIM(at, 0)
+    cdef const int64_t* pp = <const int64_t*>_ptr(ptr)
+    cdef const int32_t* pa = <const int32_t*>_ptr(at)
+    cdef const int32_t* pdf = <const int32_t*>_ptr(df)
+    cdef const int64_t* pex = <const int64_t*>_ptr(ex)
+    cdef const int64_t* prw = <const int64_t*>_ptr(rw)
+    cdef Py_ssize_t j, e, r, v, d, nt = 0, n_acc = 0, mind = min_df if min_df > 1 else 1
+    if not n_rows >= 0:
+        raise ValueError(f"n_rows must be >= 0, got {n_rows}")
+    if n < 0:
+        raise ValueError("term_ptr must rise from 0 to at most len(term_at)")
+    for r in range(n):
+        if not (0 <= pp[r] <= pp[r + 1] <= n_at):
+            raise ValueError("term_ptr must rise from 0 to at most len(term_at)")
+    _check_rows("rows", rw, n)
+    # flag: 0 unseen, 1 gaining (its id in order[]), 2 excluded or below min_df.
+    cdef uint8_t* flag = <uint8_t*>calloc(size + 1, 1)
+    cdef double* acc = <double*>calloc(size + 1, sizeof(double))
+    cdef int64_t* order = <int64_t*>malloc((size + 1) * sizeof(int64_t))
+    cdef int64_t* top = <int64_t*>malloc((size + 1) * sizeof(int64_t))
+    cdef bint failed = False
+    cdef cnp.ndarray out_ids, out_weights
+    try:
+        if flag == NULL or acc == NULL or order == NULL or top == NULL:
+            raise MemoryError()
+        for j in range(cnp.PyArray_DIM(ex, 0)):
+            if 0 <= pex[j] < size:
+                flag[pex[j]] = 2
+        with nogil:
+            for j in range(cnp.PyArray_DIM(rw, 0)):
+                r = prw[j]
+                for e in range(pp[r], pp[r + 1]):
+                    v = pa[e]
+                    if v < 0 or v >= size:
+                        failed = True
+                        break
+                    if flag[v] == 2:
+                        continue
+                    d = pdf[v]
+                    if d < mind:
+                        flag[v] = 2
+                        continue
+                    if flag[v] == 0:
+                        flag[v] = 1
+                        order[n_acc] = v
+                        n_acc += 1
+                    acc[v] += log(1.0 + (n_rows - <double>d + 0.5) / (<double>d + 0.5))
+                if failed:
+                    break
+        if failed:
+            raise ValueError(f"term_at holds term {v}, outside 0-{size - 1}")
+        # The k best, best first, in top[0:nt]; a later id passes an earlier one only with more weight.
+        for j in range(n_acc if k > 0 else 0):
+            v = order[j]
+            if nt == k and not acc[v] > acc[top[k - 1]]:
+                continue
+            e = nt if nt < k else k - 1
+            while e > 0 and acc[v] > acc[top[e - 1]]:
+                top[e] = top[e - 1]
+                e -= 1
+            top[e] = v
+            if nt < k:
+                nt += 1
+        out_ids, out_weights = _empty(nt, cnp.NPY_INT64), _empty(nt, cnp.NPY_FLOAT64)
+        for j in range(nt):
+            (<int64_t*>_ptr(out_ids))[j] = top[j]
+            (<double*>_ptr(out_weights))[j] = acc[top[j]]
+        return out_ids, out_weights
+    finally:
+        free(flag)
+        free(acc)
+        free(order)
+        free(top)
+
+
 cdef inline bint _gains_more(const double* acc, int64_t a, int64_t b) noexcept nogil:
     """a before b: the higher gain, then the lower id."""
     return acc[a] > acc[b] or (acc[a] == acc[b] and a < b)

@@ -582,6 +582,36 @@ def _rows(name: str, x: Any, n: int) -> list[int]:
     return rows
 
 
+def feedback_terms(rows: Any, term_ptr: Any, term_at: Any, term_df: Any, n_rows: int, min_df: int, exclude: Any,
+                   k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k terms most characteristic of some rows (pseudo-relevance feedback from the best turns).
+
+    Row r holds the term ids term_at[term_ptr[r]:term_ptr[r + 1]]; term_df[v] is the number of rows
+    holding v. For each row in the order given and each of its ids in order, a term v with
+    term_df[v] >= max(min_df, 1) that is not excluded gains, in double, its BM25 idf
+    log(1 + (n_rows - term_df[v] + 0.5) / (term_df[v] + 0.5)). Returns (ids int64[m], weights
+    float64[m]): the k ids with the highest weight, ties in the order the ids first appear. Rows must
+    be in 0..len(term_ptr) - 2, term ids in 0..len(term_df) - 1; excluded ids outside it are ignored."""
+    ptr = _array("term_ptr", term_ptr, np.int64, _INT_KINDS).tolist()
+    at = _array("term_at", term_at, np.int32, _INT_KINDS).tolist()
+    df = _array("term_df", term_df, np.int32, _INT_KINDS).tolist()
+    n, size = len(ptr) - 1, len(df)
+    if not n_rows >= 0:
+        raise ValueError(f"n_rows must be >= 0, got {n_rows}")
+    if n < 0 or any(not 0 <= ptr[r] <= ptr[r + 1] <= len(at) for r in range(n)):
+        raise ValueError("term_ptr must rise from 0 to at most len(term_at)")
+    skip = set(_array("exclude", exclude, np.int64, _INT_KINDS).tolist())
+    acc: dict[int, float] = {}
+    for r in _rows("rows", rows, n):
+        for v in at[ptr[r]:ptr[r + 1]]:
+            if not 0 <= v < size:
+                raise ValueError(f"term_at holds term {v}, outside 0-{size - 1}")
+            if df[v] >= max(min_df, 1) and v not in skip:
+                acc[v] = acc.get(v, 0.0) + math.log(1.0 + (n_rows - df[v] + 0.5) / (df[v] + 0.5))
+    best = sorted(acc, key=acc.__getitem__, reverse=True)[:max(k, 0)]  # stable: ties by first appearance
+    return np.array(best, np.int64), np.array([acc[v] for v in best], np.float64)
+
+
 def hybrid_top_k(term_rows: Sequence[Any], term_weights: Sequence[Any], dense_rows: Any, vectors: Any,
                  query: Any, prior: Any, alive: Any, w: float, half: float, k: int,
                  lexical_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -732,6 +732,63 @@ def test_cooccurring_terms_match_reference(data):
     assert len(got[0]) == len(expect)
 
 
+@FAST
+@given(st.data())
+def test_feedback_terms_match_reference(data):
+    """Rows holding no term or one term twice, a row listed twice, excluded ids (some outside the
+    vocabulary), terms below min_df, ties, k of 0 or more than there are: compiled and reference agree
+    bit for bit; and both follow the rule written with numpy (idf summed per term over the rows)."""
+    n = data.draw(st.integers(0, 20))
+    size = data.draw(st.integers(1, 12))
+    per_row = [data.draw(st.lists(st.integers(0, size - 1), max_size=5)) for _ in range(n)]
+    ptr = np.concatenate([[0], np.cumsum([len(x) for x in per_row])]).astype(np.int64)
+    at = np.array([v for x in per_row for v in x], np.int32)
+    df = (np.bincount(at, minlength=size) + np.array(
+        data.draw(st.lists(st.integers(0, 3), min_size=size, max_size=size)))).astype(np.int32)
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), max_size=8)) if n else [], np.int64)
+    exclude = np.array(data.draw(st.lists(st.integers(0, size + 2), max_size=3)), np.int64)
+    n_rows, min_df, k = data.draw(st.sampled_from([n, n + 5, 0])), data.draw(st.integers(0, 3)), data.draw(st.integers(-1, 6))
+    args = (rows, ptr, at, df, n_rows, min_df, exclude, k)
+    got, want = fastpath.feedback_terms(*args), ref.feedback_terms(*args)
+    assert same(got[0], want[0]) and same_floats(got[1], want[1])
+    held = np.concatenate([at[ptr[r]:ptr[r + 1]] for r in rows] + [np.zeros(0, np.int32)])
+    count = np.bincount(held, minlength=size)
+    weight = count * np.log(1.0 + (n_rows - df + 0.5) / (df + 0.5))
+    live = (count > 0) & (df >= max(min_df, 1))
+    live[exclude[exclude < size]] = False
+    expect = sorted(weight[live].tolist(), reverse=True)[:max(k, 0)]
+    assert np.allclose(got[1], expect, rtol=1e-12) and len(got[0]) == len(expect)
+    assert all(live[v] for v in got[0].tolist())
+
+
+@IMPLS
+def test_feedback_terms_check_inputs(impl):
+    ptr, at, df = np.array([0, 2, 3]), np.array([0, 1, 1], np.int32), np.array([1, 2], np.int32)
+    with pytest.raises(ValueError, match="rows holds row 2, outside 0-1"):
+        impl.feedback_terms(np.array([2]), ptr, at, df, 2, 1, [], 3)
+    with pytest.raises(ValueError, match="term_at holds term 5, outside 0-1"):
+        impl.feedback_terms(np.array([0]), ptr, np.array([0, 5, 1], np.int32), df, 2, 1, [], 3)
+    with pytest.raises(ValueError, match="term_ptr must rise"):
+        impl.feedback_terms(np.array([0]), np.array([0, 4, 3]), at, df, 2, 1, [], 3)
+    with pytest.raises(ValueError, match="n_rows must be >= 0"):
+        impl.feedback_terms(np.array([0]), ptr, at, df, -1, 1, [], 3)
+
+
+@IMPLS
+def test_feedback_terms_rank_by_weight_then_first_appearance(impl):
+    """Rows 1 then 0 are read: terms 2 and 1 appear in both (equal weights, 2 first as row 1 says it
+    first), term 0 once; term 3 is excluded, term 4 is in fewer than min_df rows; k cuts the list."""
+    rows = [[1, 0, 2, 4], [2, 1, 3], [5]]
+    ptr = np.array([0, 4, 7, 8], np.int64)
+    at = np.array([v for r in rows for v in r], np.int32)
+    df = np.array([2, 2, 2, 2, 1, 1], np.int32)
+    ids, weights = impl.feedback_terms(np.array([1, 0]), ptr, at, df, 3, 2, [3], 9)
+    assert ids.tolist() == [2, 1, 0] and weights[0] == weights[1] == 2 * weights[2] > 0
+    assert impl.feedback_terms(np.array([1, 0]), ptr, at, df, 3, 2, [3], 1)[0].tolist() == [2]
+    assert impl.feedback_terms(np.array([1, 0]), ptr, at, df, 3, 1, [3], 9)[0].tolist() == [4, 2, 1, 0]  # the rarest first
+    assert impl.feedback_terms(np.array([], np.int64), ptr, at, df, 3, 2, [], 9)[0].tolist() == []
+
+
 @IMPLS
 def test_cooccurring_terms_check_inputs(impl):
     ptr, at, df = np.array([0, 2, 3]), np.array([0, 1, 1], np.int32), np.array([1, 2], np.int32)

@@ -932,27 +932,16 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         return [self.words[i] for i in best.tolist()]
 
     def _feedback(self, score: np.ndarray, query_terms: set[str], r: Ranking) -> list[str]:
-        """The prf_terms terms most characteristic of the prf_docs best turns: each term's idf summed over
-        those turns holding it (terms of one turn only, the query's and the names left out), ties in
-        the order the terms first appear."""
+        """The prf_terms terms most characteristic of the prf_docs best turns (fastpath.feedback_terms:
+        each term's idf summed over those turns; terms of one turn only, the query's and the names left out)."""
         n = len(self.ids)
         best = np.argpartition(-score, r.prf_docs - 1)[: r.prf_docs]
         best = best[score[best] > 0]
-        if not len(best):
-            return []
-        ptr = self.term_ptr
-        ids = np.concatenate([self.term_at[ptr[row]:ptr[row + 1]] for row in best.tolist()])
         names = {stem(x) for name in self.speakers for x in name.split()}
         skip = [self.vocab[t] for t in {*query_terms, *names} if t in self.vocab]
-        df = self.term_df[ids]
-        keep = (df >= 2) & ~np.isin(ids, skip)
-        ids, df = ids[keep], df[keep].astype(np.float64)
-        if not len(ids):
-            return []
-        terms_, first, where = np.unique(ids, return_index=True, return_inverse=True)
-        weight = np.bincount(where, weights=np.log(1.0 + (n - df + 0.5) / (df + 0.5)))
-        top = np.lexsort((first, -weight))[: r.prf_terms]
-        return [self.words[i] for i in terms_[top].tolist()]
+        ids, _ = fastpath.feedback_terms(best, self.term_ptr[:n + 1], self.term_at[:int(self.term_ptr[n])],
+                                         self.term_df[:len(self.words)], n, 2, skip, r.prf_terms)
+        return [self.words[i] for i in ids.tolist()]
 
 
 class EpisodicSource:
