@@ -10,7 +10,7 @@ Ranking (no model at run time, see bench/recall.py for what each part adds): BM2
 its same-session neighbours with decaying weights (a fact is often spread over question and answer),
 plus BM25 of the query's category words expanded through a small hand-written concept list ("pets"
 -> dog, cat, turtle...) and the user's words nearest each concept's centroid in the static word vectors
-("activities" -> jogging), of the terms the best turns share with other turns (pseudo-relevance
+("activities" -> jogging), of the best turns' terms that other turns say too (pseudo-relevance
 feedback), of the terms the user says most with the query's terms (pointwise mutual
 information over their own turns) and of the user's terms nearest the query's in the static word
 vectors ("married" -> husband, wife), fused with the dense cosine (of the turn, and of the turn
@@ -88,7 +88,7 @@ class Ranking:
     concept_weight: float = 0.4  # share of the CONCEPTS expansion of the query's category words
     # The concept list widened by the static word vectors: per category word of the query, up to
     # concept_similar of the user's terms whose cosine with the centroid of the word and its CONCEPTS
-    # list is at least concept_min ("activities" -> kayaking, jogging where the list has hiking, biking).
+    # list is at least concept_min ("activities" -> jogging, leisure where the list has hiking, biking).
     concept_similar: int = 20
     concept_min: float = 0.45
     prf_docs: int = 10  # pseudo-relevance feedback: top turns whose strongest terms expand the query
@@ -139,7 +139,7 @@ DEFAULT_RANKING = Ranking()
 # matched more of it by chance): 91.9 / 96.0 -> 92.4 / 96.0 % (1-5 92.7 -> 93.2 / 96.4 -> 96.5;
 # 6-10 91.0 -> 91.6 / 95.5 -> 95.5); b 0.9 was between; k1 0.9 and 1.5 lower at 2k. A score per token
 # spent (score / tokens ** a) also helped at 2k (+0.6 at a = 0.1) but cost 4k 0.2: not taken.
-# For multi-hop (list) questions, four parts together (all ten at 2k / 4k, multi-hop at 4k; halves at 4k):
+# For multi-hop (list) questions, four parts together (all ten at 2k / 4k; multi-hop at 4k, by half):
 # the concept list widened by the word vectors (20 kin per concept word, cosine >= 0.45), pseudo-relevance
 # feedback (8 terms of the 10 best turns, weight 0.1), the dense share 0.2 -> 0.25 and 0.3 for a
 # question asking for kinds of things: 92.38 / 95.97 -> 92.41 / 96.44 %, multi-hop 88.0 -> 90.1 %
@@ -502,7 +502,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
     ids: list[str] = field(default_factory=list)
     sessions: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
-    row_terms: list[tuple[str, ...]] = field(default_factory=list)  # distinct terms of each turn (for feedback)
+    row_terms: list[tuple[str, ...]] = field(default_factory=list)  # distinct terms of each turn
     row_tfs: list[tuple[int, ...]] = field(default_factory=list)  # their counts: postings rebuild without re-parsing
     row_caps: list[tuple[str, ...]] = field(default_factory=list)  # words each turn capitalises (for `proper`)
     known: set[str] = field(default_factory=set)
