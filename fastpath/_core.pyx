@@ -1644,23 +1644,14 @@ def cooccurring_terms(term_rows, term_ptr, term_at, term_df, double n_rows, Py_s
                       Py_ssize_t k):
     """The k terms said most with some query terms, by positive PMI; see
     fastpath.reference.cooccurring_terms for the exact rule. Only the rows of the query terms are read."""
-    cdef cnp.ndarray ptr = _arr("term_ptr", term_ptr, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
-    cdef cnp.ndarray at = _arr("term_at", term_at, cnp.NPY_INT32, np.int32, _INT_KINDS, -1)
-    cdef cnp.ndarray df = _arr("term_df", term_df, cnp.NPY_INT32, np.int32, _INT_KINDS, -1)
-    cdef cnp.ndarray ex = _arr("exclude", exclude, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
-    cdef Py_ssize_t n = cnp.PyArray_DIM(ptr, 0) - 1, size = cnp.PyArray_DIM(df, 0), n_at = cnp.PyArray_DIM(at, 0)
+    cdef cnp.ndarray ptr, at, df, ex
+    ptr, at, df, ex = _term_table(term_ptr, term_at, term_df, exclude, n_rows)
+    cdef Py_ssize_t n = cnp.PyArray_DIM(ptr, 0) - 1, size = cnp.PyArray_DIM(df, 0)
     cdef const int64_t* pp = <const int64_t*>_ptr(ptr)
     cdef const int32_t* pa = <const int32_t*>_ptr(at)
     cdef const int32_t* pdf = <const int32_t*>_ptr(df)
     cdef const int64_t* pex = <const int64_t*>_ptr(ex)
     cdef Py_ssize_t i, j, e, r, v, nt, n_acc = 0, m, minc = min_count if min_count > 1 else 1
-    if not n_rows >= 0:
-        raise ValueError(f"n_rows must be >= 0, got {n_rows}")
-    if n < 0:
-        raise ValueError("term_ptr must rise from 0 to at most len(term_at)")
-    for r in range(n):
-        if not (0 <= pp[r] <= pp[r + 1] <= n_at):
-            raise ValueError("term_ptr must rise from 0 to at most len(term_at)")
     cdef list rows_list = []
     cdef cnp.ndarray arr
     for i in range(len(term_rows)):
@@ -1675,7 +1666,6 @@ def cooccurring_terms(term_rows, term_ptr, term_at, term_df, double n_rows, Py_s
     cdef const int64_t* prow
     cdef double share, gain
     cdef bint failed = False
-    cdef cnp.ndarray out_ids, out_gains
     try:
         if together == NULL or touched == NULL or acc == NULL or in_acc == NULL or acc_ids == NULL:
             raise MemoryError()
@@ -1715,23 +1705,7 @@ def cooccurring_terms(term_rows, term_ptr, term_at, term_df, double n_rows, Py_s
         for j in range(cnp.PyArray_DIM(ex, 0)):
             if 0 <= pex[j] < size:
                 acc[pex[j]] = 0.0
-        nt = 0  # the k best so far, best first, in touched[0:nt]
-        for j in range(n_acc if k > 0 else 0):
-            v = acc_ids[j]
-            if not acc[v] > 0 or (nt == k and not _gains_more(acc, v, touched[k - 1])):
-                continue
-            e = nt if nt < k else k - 1
-            while e > 0 and _gains_more(acc, v, touched[e - 1]):
-                touched[e] = touched[e - 1]
-                e -= 1
-            touched[e] = v
-            if nt < k:
-                nt += 1
-        out_ids, out_gains = _empty(nt, cnp.NPY_INT64), _empty(nt, cnp.NPY_FLOAT64)
-        for j in range(nt):
-            (<int64_t*>_ptr(out_ids))[j] = touched[j]
-            (<double*>_ptr(out_gains))[j] = acc[touched[j]]
-        return out_ids, out_gains
+        return _ranked(acc, touched, _top_k(acc, acc_ids, n_acc, k, touched, True, True))
     finally:
         free(together)
         free(touched)
@@ -1743,25 +1717,16 @@ def cooccurring_terms(term_rows, term_ptr, term_at, term_df, double n_rows, Py_s
 def feedback_terms(rows, term_ptr, term_at, term_df, double n_rows, Py_ssize_t min_df, exclude, Py_ssize_t k):
     """The k terms most characteristic of some rows, by summed idf; see fastpath.reference.feedback_terms
     for the exact rule. Only the given rows are read."""
-    cdef cnp.ndarray ptr = _arr("term_ptr", term_ptr, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
-    cdef cnp.ndarray at = _arr("term_at", term_at, cnp.NPY_INT32, np.int32, _INT_KINDS, -1)
-    cdef cnp.ndarray df = _arr("term_df", term_df, cnp.NPY_INT32, np.int32, _INT_KINDS, -1)
-    cdef cnp.ndarray ex = _arr("exclude", exclude, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    cdef cnp.ndarray ptr, at, df, ex
+    ptr, at, df, ex = _term_table(term_ptr, term_at, term_df, exclude, n_rows)
     cdef cnp.ndarray rw = _arr("rows", rows, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
-    cdef Py_ssize_t n = cnp.PyArray_DIM(ptr, 0) - 1, size = cnp.PyArray_DIM(df, 0), n_at = cnp.PyArray_DIM(at, 0)
+    cdef Py_ssize_t n = cnp.PyArray_DIM(ptr, 0) - 1, size = cnp.PyArray_DIM(df, 0)
     cdef const int64_t* pp = <const int64_t*>_ptr(ptr)
     cdef const int32_t* pa = <const int32_t*>_ptr(at)
     cdef const int32_t* pdf = <const int32_t*>_ptr(df)
     cdef const int64_t* pex = <const int64_t*>_ptr(ex)
     cdef const int64_t* prw = <const int64_t*>_ptr(rw)
-    cdef Py_ssize_t j, e, r, v, d, nt = 0, n_acc = 0, mind = min_df if min_df > 1 else 1
-    if not n_rows >= 0:
-        raise ValueError(f"n_rows must be >= 0, got {n_rows}")
-    if n < 0:
-        raise ValueError("term_ptr must rise from 0 to at most len(term_at)")
-    for r in range(n):
-        if not (0 <= pp[r] <= pp[r + 1] <= n_at):
-            raise ValueError("term_ptr must rise from 0 to at most len(term_at)")
+    cdef Py_ssize_t j, e, r, v, d, n_acc = 0, mind = min_df if min_df > 1 else 1
     _check_rows("rows", rw, n)
     # flag: 0 unseen, 1 gaining (its id in order[]), 2 excluded or below min_df.
     cdef uint8_t* flag = <uint8_t*>calloc(size + 1, 1)
@@ -1769,7 +1734,6 @@ def feedback_terms(rows, term_ptr, term_at, term_df, double n_rows, Py_ssize_t m
     cdef int64_t* order = <int64_t*>malloc((size + 1) * sizeof(int64_t))
     cdef int64_t* top = <int64_t*>malloc((size + 1) * sizeof(int64_t))
     cdef bint failed = False
-    cdef cnp.ndarray out_ids, out_weights
     try:
         if flag == NULL or acc == NULL or order == NULL or top == NULL:
             raise MemoryError()
@@ -1799,23 +1763,7 @@ def feedback_terms(rows, term_ptr, term_at, term_df, double n_rows, Py_ssize_t m
                     break
         if failed:
             raise ValueError(f"term_at holds term {v}, outside 0-{size - 1}")
-        # The k best, best first, in top[0:nt]; a later id passes an earlier one only with more weight.
-        for j in range(n_acc if k > 0 else 0):
-            v = order[j]
-            if nt == k and not acc[v] > acc[top[k - 1]]:
-                continue
-            e = nt if nt < k else k - 1
-            while e > 0 and acc[v] > acc[top[e - 1]]:
-                top[e] = top[e - 1]
-                e -= 1
-            top[e] = v
-            if nt < k:
-                nt += 1
-        out_ids, out_weights = _empty(nt, cnp.NPY_INT64), _empty(nt, cnp.NPY_FLOAT64)
-        for j in range(nt):
-            (<int64_t*>_ptr(out_ids))[j] = top[j]
-            (<double*>_ptr(out_weights))[j] = acc[top[j]]
-        return out_ids, out_weights
+        return _ranked(acc, top, _top_k(acc, order, n_acc, k, top, False, False))
     finally:
         free(flag)
         free(acc)
@@ -1823,9 +1771,58 @@ def feedback_terms(rows, term_ptr, term_at, term_df, double n_rows, Py_ssize_t m
         free(top)
 
 
-cdef inline bint _gains_more(const double* acc, int64_t a, int64_t b) noexcept nogil:
-    """a before b: the higher gain, then the lower id."""
-    return acc[a] > acc[b] or (acc[a] == acc[b] and a < b)
+cdef tuple _term_table(term_ptr, term_at, term_df, exclude, double n_rows):
+    """(term_ptr int64, term_at int32, term_df int32, exclude int64) arrays, checked: the row pointers
+    rise from 0 to at most len(term_at) and the row count is not negative."""
+    cdef cnp.ndarray ptr = _arr("term_ptr", term_ptr, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    cdef cnp.ndarray at = _arr("term_at", term_at, cnp.NPY_INT32, np.int32, _INT_KINDS, -1)
+    cdef cnp.ndarray df = _arr("term_df", term_df, cnp.NPY_INT32, np.int32, _INT_KINDS, -1)
+    cdef cnp.ndarray ex = _arr("exclude", exclude, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    cdef Py_ssize_t r, n = cnp.PyArray_DIM(ptr, 0) - 1, n_at = cnp.PyArray_DIM(at, 0)
+    cdef const int64_t* pp = <const int64_t*>_ptr(ptr)
+    if not n_rows >= 0:
+        raise ValueError(f"n_rows must be >= 0, got {n_rows}")
+    if n < 0:
+        raise ValueError("term_ptr must rise from 0 to at most len(term_at)")
+    for r in range(n):
+        if not (0 <= pp[r] <= pp[r + 1] <= n_at):
+            raise ValueError("term_ptr must rise from 0 to at most len(term_at)")
+    return ptr, at, df, ex
+
+
+cdef inline bint _ahead(const double* acc, int64_t a, int64_t b, bint id_ties) noexcept nogil:
+    """a before b: the higher value, then (id_ties) the lower id; otherwise b, met first, stays ahead."""
+    return acc[a] > acc[b] or (id_ties and acc[a] == acc[b] and a < b)
+
+
+cdef Py_ssize_t _top_k(const double* acc, const int64_t* ids, Py_ssize_t m, Py_ssize_t k, int64_t* top,
+                       bint positive_only, bint id_ties) noexcept nogil:
+    """The k best of ids[0:m] by acc into top, best first (top may be ids' own buffer only if it is
+    not ids); returns how many. positive_only: an id whose value is not > 0 never counts."""
+    cdef Py_ssize_t j, e, nt = 0
+    cdef int64_t v
+    for j in range(m if k > 0 else 0):
+        v = ids[j]
+        if (positive_only and not acc[v] > 0) or (nt == k and not _ahead(acc, v, top[k - 1], id_ties)):
+            continue
+        e = nt if nt < k else k - 1
+        while e > 0 and _ahead(acc, v, top[e - 1], id_ties):
+            top[e] = top[e - 1]
+            e -= 1
+        top[e] = v
+        if nt < k:
+            nt += 1
+    return nt
+
+
+cdef tuple _ranked(const double* acc, const int64_t* top, Py_ssize_t nt):
+    """(ids int64[nt], values float64[nt]) of top[0:nt]."""
+    cdef cnp.ndarray out_ids = _empty(nt, cnp.NPY_INT64), out_values = _empty(nt, cnp.NPY_FLOAT64)
+    cdef Py_ssize_t j
+    for j in range(nt):
+        (<int64_t*>_ptr(out_ids))[j] = top[j]
+        (<double*>_ptr(out_values))[j] = acc[top[j]]
+    return out_ids, out_values
 
 
 def arrange(picked, starts, slots, orders, scores, tokens, Py_ssize_t n_slots):

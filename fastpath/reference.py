@@ -582,6 +582,19 @@ def _rows(name: str, x: Any, n: int) -> list[int]:
     return rows
 
 
+def _term_table(term_ptr: Any, term_at: Any, term_df: Any, n_rows: float) -> tuple[list[int], list[int], list[int]]:
+    """(ptr, at, df) as lists, checked: the row pointers rise from 0 to at most len(term_at) and the
+    row count is not negative."""
+    ptr = _array("term_ptr", term_ptr, np.int64, _INT_KINDS).tolist()
+    at = _array("term_at", term_at, np.int32, _INT_KINDS).tolist()
+    df = _array("term_df", term_df, np.int32, _INT_KINDS).tolist()
+    if not n_rows >= 0:
+        raise ValueError(f"n_rows must be >= 0, got {n_rows}")
+    if len(ptr) < 1 or any(not 0 <= ptr[r] <= ptr[r + 1] <= len(at) for r in range(len(ptr) - 1)):
+        raise ValueError("term_ptr must rise from 0 to at most len(term_at)")
+    return ptr, at, df
+
+
 def feedback_terms(rows: Any, term_ptr: Any, term_at: Any, term_df: Any, n_rows: int, min_df: int, exclude: Any,
                    k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k terms most characteristic of some rows (pseudo-relevance feedback from the best turns).
@@ -592,14 +605,8 @@ def feedback_terms(rows: Any, term_ptr: Any, term_at: Any, term_df: Any, n_rows:
     log(1 + (n_rows - term_df[v] + 0.5) / (term_df[v] + 0.5)). Returns (ids int64[m], weights
     float64[m]): the k ids with the highest weight, ties in the order the ids first appear. Rows must
     be in 0..len(term_ptr) - 2, term ids in 0..len(term_df) - 1; excluded ids outside it are ignored."""
-    ptr = _array("term_ptr", term_ptr, np.int64, _INT_KINDS).tolist()
-    at = _array("term_at", term_at, np.int32, _INT_KINDS).tolist()
-    df = _array("term_df", term_df, np.int32, _INT_KINDS).tolist()
+    ptr, at, df = _term_table(term_ptr, term_at, term_df, n_rows)
     n, size = len(ptr) - 1, len(df)
-    if not n_rows >= 0:
-        raise ValueError(f"n_rows must be >= 0, got {n_rows}")
-    if n < 0 or any(not 0 <= ptr[r] <= ptr[r + 1] <= len(at) for r in range(n)):
-        raise ValueError("term_ptr must rise from 0 to at most len(term_at)")
     skip = set(_array("exclude", exclude, np.int64, _INT_KINDS).tolist())
     acc: dict[int, float] = {}
     for r in _rows("rows", rows, n):
@@ -748,14 +755,8 @@ def cooccurring_terms(term_rows: Sequence[Any], term_ptr: Any, term_at: Any, ter
     query terms in order. Excluded ids gain nothing. Returns (ids int64[m], gains float64[m]): the k
     ids with the highest positive gain, ties by id ascending. Rows must be in 0..len(term_ptr) - 2,
     term ids in 0..len(term_df) - 1, and a term found must have term_df >= 1."""
-    ptr = _array("term_ptr", term_ptr, np.int64, _INT_KINDS).tolist()
-    at = _array("term_at", term_at, np.int32, _INT_KINDS).tolist()
-    df = _array("term_df", term_df, np.int32, _INT_KINDS).tolist()
+    ptr, at, df = _term_table(term_ptr, term_at, term_df, n_rows)
     n, size = len(ptr) - 1, len(df)
-    if not n_rows >= 0:
-        raise ValueError(f"n_rows must be >= 0, got {n_rows}")
-    if n < 0 or any(not 0 <= ptr[r] <= ptr[r + 1] <= len(at) for r in range(n)):
-        raise ValueError("term_ptr must rise from 0 to at most len(term_at)")
     acc: dict[int, float] = {}
     for i, rows_i in enumerate(term_rows):
         rows = _rows(f"term_rows[{i}]", rows_i, n)
