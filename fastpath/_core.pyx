@@ -1797,8 +1797,8 @@ cdef inline bint _ahead(const double* acc, int64_t a, int64_t b, bint id_ties) n
 
 cdef Py_ssize_t _top_k(const double* acc, const int64_t* ids, Py_ssize_t m, Py_ssize_t k, int64_t* top,
                        bint positive_only, bint id_ties) noexcept nogil:
-    """The k best of ids[0:m] by acc into top, best first (top may be ids' own buffer only if it is
-    not ids); returns how many. positive_only: an id whose value is not > 0 never counts."""
+    """The k best of ids[0:m] by acc into top (a buffer other than ids), best first; returns how many.
+    positive_only: an id whose value is not > 0 never counts."""
     cdef Py_ssize_t j, e, nt = 0
     cdef int64_t v
     for j in range(m if k > 0 else 0):
