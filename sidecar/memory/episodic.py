@@ -343,39 +343,53 @@ def _stem_vectors() -> tuple[dict[str, int], list[str], np.ndarray]:
     return index, list(index), mat
 
 
-# (term, min_cosine) -> similar stems; bounded by the table's stems (~14.5k) per min_cosine in use.
-_SIMILAR: dict[tuple[str, float], tuple[str, ...]] = {}
+# (term, min_cosine) -> rows of the similar stems in the table; bounded by the table's stems (~14.5k)
+# per min_cosine in use.
+_SIMILAR: dict[tuple[str, float], np.ndarray] = {}
+_NO_ROWS = np.zeros(0, np.int64)
 
 
-def similar_stems(query_terms: Sequence[str], min_cosine: float) -> list[tuple[str, ...]]:
-    """Per term, the stems whose static word vectors have a cosine of at least min_cosine with its
-    own, nearest first (the term itself left out; () for a term the table lacks). Terms not seen
-    before take one pass over the table together (~0.5 ms, memory-bound), then come from _SIMILAR."""
-    index, keys, mat = _stem_vectors()
+def similar_rows(query_terms: Sequence[str], min_cosine: float) -> list[np.ndarray]:
+    """Per term, the table rows (_stem_vectors) of the stems whose static word vectors have a cosine of
+    at least min_cosine with its own, nearest first (the term itself left out; none for a term the
+    table lacks). Terms not seen before take one pass over the table together (~0.5 ms, memory-bound),
+    then come from _SIMILAR."""
+    index, _, mat = _stem_vectors()
     missing = [t for t in dict.fromkeys(query_terms) if t in index and (t, min_cosine) not in _SIMILAR]
     if missing:
         sims = mat @ mat[[index[t] for t in missing]].T
         for j, t in enumerate(missing):
             hits = np.flatnonzero(sims[:, j] >= min_cosine)
             hits = hits[np.argsort(-sims[hits, j], kind="stable")]
-            _SIMILAR[t, min_cosine] = tuple(keys[i] for i in hits.tolist() if keys[i] != t)
-    return [_SIMILAR.get((t, min_cosine), ()) for t in query_terms]
+            _SIMILAR[t, min_cosine] = hits[hits != index[t]]
+    return [_SIMILAR.get((t, min_cosine), _NO_ROWS) for t in query_terms]
+
+
+def similar_stems(query_terms: Sequence[str], min_cosine: float) -> list[tuple[str, ...]]:
+    """similar_rows as stems."""
+    keys = _stem_vectors()[1]
+    return [tuple(keys[i] for i in rows.tolist()) for rows in similar_rows(query_terms, min_cosine)]
 
 
 @lru_cache(maxsize=1024)  # keys: the CONCEPTS entries (~60) per concept_min in use
-def concept_stems(concept: str, min_cosine: float) -> tuple[str, ...]:
-    """The stems whose static word vectors have a cosine of at least min_cosine with the centroid of
-    `concept` and its CONCEPTS words, nearest first: the hand-written list's kin in the whole table."""
-    index, keys, mat = _stem_vectors()
+def concept_rows(concept: str, min_cosine: float) -> np.ndarray:
+    """The table rows of the stems whose static word vectors have a cosine of at least min_cosine with
+    the centroid of `concept` and its CONCEPTS words, nearest first: the hand-written list's kin."""
+    index, _, mat = _stem_vectors()
     seeds = [index[t] for t in (concept, *CONCEPTS.get(concept, ())) if t in index]
     if not seeds:
-        return ()
+        return _NO_ROWS
     centre = mat[seeds].mean(axis=0)
     centre /= max(float(np.linalg.norm(centre)), 1e-9)
     sims = mat @ centre
     hits = np.flatnonzero(sims >= min_cosine)
-    hits = hits[np.argsort(-sims[hits], kind="stable")]
-    return tuple(keys[i] for i in hits.tolist())
+    return hits[np.argsort(-sims[hits], kind="stable")]
+
+
+def concept_stems(concept: str, min_cosine: float) -> tuple[str, ...]:
+    """concept_rows as stems."""
+    keys = _stem_vectors()[1]
+    return tuple(keys[i] for i in concept_rows(concept, min_cosine).tolist())
 
 
 # ---------------------------------------------------------------------------------------- dates
@@ -523,6 +537,8 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
     def __post_init__(self) -> None:
         self._win_key: tuple | None = None  # (rows, decay) the cached window length norm is for
         self._win_norm = np.zeros(0, np.float32)
+        self._said_mask: np.ndarray | None = None  # _said(): per table stem, whether the user says it
+        self._said_upto = 0  # words counted into it
         self.term_df = np.zeros(256, np.int32)  # turns holding each term id
         # Each turn's distinct term ids: term_at[term_ptr[row]:term_ptr[row + 1]].
         self.term_at = np.zeros(4096, np.int32)
@@ -890,14 +906,8 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         exclude = {*query_terms, *names}
         asked = [q for q in dict.fromkeys(query_terms) if q not in QUESTION_WORDS]
         out: dict[str, None] = {}
-        for near in similar_stems(asked, r.similar_min):
-            picked = 0
-            for t in near:
-                if picked == r.similar_terms:
-                    break
-                if t in self.vocab and t not in exclude:
-                    out[t] = None
-                    picked += 1
+        for rows in similar_rows(asked, r.similar_min):
+            out.update(dict.fromkeys(self._first_said(rows, r.similar_terms, exclude)))
         return list(out)
 
     def concept_kin(self, query_terms: Sequence[str], exclude: set[str], r: Ranking) -> list[str]:
@@ -905,17 +915,38 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         concept's centroid (concept_stems), nearest first; those in `exclude` left out."""
         out: list[str] = []
         for q in dict.fromkeys(query_terms):
-            if q not in CONCEPTS:
-                continue
-            picked = 0
-            for t in concept_stems(q, r.concept_min):
-                if picked == r.concept_similar:
-                    break
-                if t in self.vocab and t not in exclude:
-                    out.append(t)
-                    exclude.add(t)
-                    picked += 1
+            if q in CONCEPTS:
+                kin = self._first_said(concept_rows(q, r.concept_min), r.concept_similar, exclude)
+                out += kin
+                exclude.update(kin)
         return out
+
+    def _first_said(self, rows: np.ndarray, k: int, exclude: set[str]) -> list[str]:
+        """The first k stems of these table rows that this user says, those in `exclude` left out."""
+        if k <= 0 or not len(rows):
+            return []
+        keys = _stem_vectors()[1]
+        said = self._said()
+        out: list[str] = []
+        for i in rows[said[rows]][: k + len(exclude)].tolist():  # at most len(exclude) of them are left out
+            if keys[i] not in exclude:
+                out.append(keys[i])
+                if len(out) == k:
+                    break
+        return out
+
+    def _said(self) -> np.ndarray:
+        """Per table stem (_stem_vectors), whether this user says it; brought up to date with the terms
+        added since the last call (the vocabulary only grows; a compacted index starts its own)."""
+        index, keys, _ = _stem_vectors()
+        if self._said_mask is None:
+            self._said_mask, self._said_upto = np.zeros(len(keys), bool), 0
+        for t in self.words[self._said_upto:]:
+            row = index.get(t)
+            if row is not None:
+                self._said_mask[row] = True
+        self._said_upto = len(self.words)
+        return self._said_mask
 
     def associated(self, query_terms: Sequence[str], names: set[str], r: Ranking) -> list[str]:
         """The assoc_terms terms the user says most with the query's terms ("hike" -> trail, view):
@@ -973,7 +1004,7 @@ class EpisodicSource:
             _stem_vectors()
         if r.concept_similar > 0:
             for concept in CONCEPTS:
-                concept_stems(concept, r.concept_min)
+                concept_rows(concept, r.concept_min)
 
     def use_model(self, embedder: Embedder, ranking: Ranking = MODEL_RANKING) -> None:
         """Rank with a model embedder and the ranking tuned for one; indexes are rebuilt from rows."""
