@@ -649,3 +649,17 @@ def test_feedback_from_the_best_turns_widens_the_query():
     wide, plain = state.rank(q, None, "", r), state.rank(q, None, "", replace(r, prf_docs=0))
     # The best turn's terms said elsewhere too ("glazed", "bowl") find the later turn that never says "pottery".
     assert plain[3] == 0 < wide[3] and int(np.argmax(wide)) == 0
+
+
+def test_similar_words_follow_the_users_vocabulary_as_it_grows():
+    from sidecar.domain import Message, Role
+    from sidecar.memory.episodic import Ranking
+
+    state = _index([(MAY_8, [("Ann", "Cool weather today."), ("Bob", "Sure.")])])
+    r = Ranking(similar_terms=10, similar_min=0.4)
+    q = terms("Is Ann married?")
+    assert state.similar(q, {"ann", "bob"}, r) == []  # the user never said a word near "married"
+    state.add([Message("m9", "s9", 0, Role.USER, "My husband cooked dinner.", "", "", MAY_8 + DAY_MS, 0, 0, 0,
+                       speaker="Ann")], HashEmbedder(state.dim), True)
+    assert state.similar(q, {"ann", "bob"}, r) == ["husband"]  # a word said since the last query counts
+    assert state.compacted(1).similar(q, {"ann", "bob"}, r) == ["husband"]  # a compacted index has its own
