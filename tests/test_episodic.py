@@ -572,9 +572,9 @@ def test_a_turn_naming_someone_or_something_is_boosted():
 def test_similar_words_widen_the_query():
     from dataclasses import replace
 
-    from sidecar.memory.episodic import Ranking, similar_stems
+    from sidecar.memory.episodic import Ranking, similar_rows, table_stems
 
-    near = similar_stems([stem("married"), "zzqx"], 0.4)
+    near = [table_stems(rows) for rows in similar_rows([stem("married"), "zzqx"], 0.4)]
     assert {"husband", "wif"} <= set(near[0]) and stem("married") not in near[0] and near[1] == ()
     turns = [("Ann", "My husband cooked dinner for us."), ("Bob", "Nice."), ("Ann", "Cool weather today."),
              ("Bob", "Sure."), ("Ann", "Sure."), ("Bob", "Yes."), ("Ann", "I bought a new lamp and a guitar.")]
@@ -591,7 +591,10 @@ def test_similar_words_widen_the_query():
 def test_concept_kin_widens_a_category_word_through_the_word_vectors():
     from dataclasses import replace
 
-    from sidecar.memory.episodic import CONCEPTS, Ranking, concept_stems
+    from sidecar.memory.episodic import CONCEPTS, Ranking, concept_rows, table_stems
+
+    def concept_stems(concept: str, min_cosine: float) -> tuple[str, ...]:
+        return table_stems(concept_rows(concept, min_cosine))
 
     activity = stem("activities")
     kin = concept_stems(activity, 0.45)

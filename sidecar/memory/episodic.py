@@ -365,10 +365,10 @@ def similar_rows(query_terms: Sequence[str], min_cosine: float) -> list[np.ndarr
     return [_SIMILAR.get((t, min_cosine), _NO_ROWS) for t in query_terms]
 
 
-def similar_stems(query_terms: Sequence[str], min_cosine: float) -> list[tuple[str, ...]]:
-    """similar_rows as stems."""
+def table_stems(rows: np.ndarray) -> tuple[str, ...]:
+    """The stems of these table rows (similar_rows, concept_rows), in order."""
     keys = _stem_vectors()[1]
-    return [tuple(keys[i] for i in rows.tolist()) for rows in similar_rows(query_terms, min_cosine)]
+    return tuple(keys[i] for i in rows.tolist())
 
 
 @lru_cache(maxsize=1024)  # keys: the CONCEPTS entries (~60) per concept_min in use
@@ -384,12 +384,6 @@ def concept_rows(concept: str, min_cosine: float) -> np.ndarray:
     sims = mat @ centre
     hits = np.flatnonzero(sims >= min_cosine)
     return hits[np.argsort(-sims[hits], kind="stable")]
-
-
-def concept_stems(concept: str, min_cosine: float) -> tuple[str, ...]:
-    """concept_rows as stems."""
-    keys = _stem_vectors()[1]
-    return tuple(keys[i] for i in concept_rows(concept, min_cosine).tolist())
 
 
 # ---------------------------------------------------------------------------------------- dates
@@ -824,7 +818,8 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             best = np.zeros(len(self.session_rows), np.float32)
             np.maximum.at(best, self.session_of[:n], score)
             score = score + r.session_weight * best[self.session_of[:n]]
-        if qvec is not None and (r.dense_weight > 0 or r.kind_dense_weight > 0) and np.any(qvec):
+        share = r.kind_dense_weight if r.kind_dense_weight and asks_for_kinds(query) else r.dense_weight
+        if qvec is not None and share > 0 and np.any(qvec):
             dense = np.zeros(n + 1, np.float32)
             dense[:n] = self.vectors[:n] @ qvec
             if self.context > 0 and r.context_mix > 0:
@@ -835,7 +830,6 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             else:
                 dense = dense[:n]
             dtop = float(dense.max())
-            share = r.kind_dense_weight if r.kind_dense_weight and asks_for_kinds(query) else r.dense_weight
             if dtop > 0:
                 score = (1.0 - share) * score + share * dense / dtop
         score = score.astype(np.float64)
@@ -869,7 +863,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             if etop > 0:
                 score = score + weight * extra / etop
         if r.prf_docs > 0 and r.prf_weight > 0 and n > r.prf_docs:
-            fb = self._feedback(score * mult, set(q_terms), r)
+            fb = self._feedback(score * mult, q_terms, names, r)
             if fb:
                 extra = self.window_bm25(fb, decay, r.k1, r.b)
                 etop = float(extra.max())
@@ -912,7 +906,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
 
     def concept_kin(self, query_terms: Sequence[str], exclude: set[str], r: Ranking) -> list[str]:
         """Per query term with a CONCEPTS entry, up to concept_similar terms of this user nearest the
-        concept's centroid (concept_stems), nearest first; those in `exclude` left out."""
+        concept's centroid (concept_rows), nearest first; those in `exclude` left out."""
         out: list[str] = []
         for q in dict.fromkeys(query_terms):
             if q in CONCEPTS:
@@ -957,19 +951,22 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
                   if q not in QUESTION_WORDS and (a := self._arrays(q)) is not None]
         if not picked:
             return []
-        exclude = [self.vocab[t] for t in {*query_terms, *names} if t in self.vocab]
+        exclude = self._term_ids({*query_terms, *names})
         best, _ = fastpath.cooccurring_terms(picked, self.term_ptr[:n + 1], self.term_at[:int(self.term_ptr[n])],
                                              self.term_df[:size], n, r.assoc_min, exclude, r.assoc_terms)
         return [self.words[i] for i in best.tolist()]
 
-    def _feedback(self, score: np.ndarray, query_terms: set[str], r: Ranking) -> list[str]:
+    def _term_ids(self, wanted: set[str]) -> list[int]:
+        """The ids of those of these terms this user says."""
+        return [self.vocab[t] for t in wanted if t in self.vocab]
+
+    def _feedback(self, score: np.ndarray, query_terms: Sequence[str], names: set[str], r: Ranking) -> list[str]:
         """The prf_terms terms most characteristic of the prf_docs best turns (fastpath.feedback_terms:
         each term's idf summed over those turns; terms of one turn only, the query's and the names left out)."""
         n = len(self.ids)
         best = np.argpartition(-score, r.prf_docs - 1)[: r.prf_docs]
         best = best[score[best] > 0]
-        names = {stem(x) for name in self.speakers for x in name.split()}
-        skip = [self.vocab[t] for t in {*query_terms, *names} if t in self.vocab]
+        skip = self._term_ids({*query_terms, *names})
         ids, _ = fastpath.feedback_terms(best, self.term_ptr[:n + 1], self.term_at[:int(self.term_ptr[n])],
                                          self.term_df[:len(self.words)], n, 2, skip, r.prf_terms)
         return [self.words[i] for i in ids.tolist()]
