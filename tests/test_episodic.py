@@ -242,20 +242,26 @@ def test_compaction_equals_an_index_built_from_the_kept_turns(dated):
 
 
 def test_contextual_vectors_embed_a_turn_with_its_previous_turn_and_survive_compaction():
-    """With context=1 each turn's second vector embeds its previous same-session turn and itself (a
-    session's first turn alone); a compaction keeps them; without context no second vector is held."""
+    """With context=1 each turn's vector mixes its own embedding with that of its previous
+    same-session turn and itself (a session's first turn alone), context_mix of the latter, so the
+    cosine is the mix of the two cosines; a compaction keeps them; without context the turn alone."""
     turns = _turns(4, 5)
-    state = _UserIndex(dim=64, window=4, dated=False, context=1, context_chars=400)
+    state = _UserIndex(dim=64, window=4, dated=False, context=1, context_chars=400, context_mix=0.3)
     state.add(turns[:7], HashEmbedder(state.dim), True)
     state.add(turns[7:], HashEmbedder(state.dim), True)  # the previous turn may come from an earlier add
+    n = len(state)
     expect = [state.texts[i] if state.position[i] == 0 else f"{state.texts[i - 1]}\n{state.texts[i]}"
-              for i in range(len(state))]
-    assert np.allclose(state.ctx_vectors[:len(state)], fastpath.hash_embed(expect, 64))
+              for i in range(n)]
+    own, ctx = fastpath.hash_embed([m.text for m in turns], 64), fastpath.hash_embed(expect, 64)
+    q = fastpath.hash_embed(["guitar by the lake"], 64)[0]
+    assert np.allclose(state.vectors[:n] @ q, 0.7 * (own @ q) + 0.3 * (ctx @ q), atol=1e-5)
+    assert not np.allclose(state.vectors[:n], own, atol=1e-3)  # the context is in it
     small = state.compacted(5)
-    assert small.context == 1 and np.array_equal(small.ctx_vectors[:len(small)], state.ctx_vectors[5:len(state)])
-    plain = _UserIndex(dim=64, window=4, dated=False)
-    plain.add(turns, HashEmbedder(plain.dim), True)
-    assert plain.ctx_vectors.shape[1] == 0
+    assert small.context_mix == 0.3 and np.array_equal(small.vectors[:len(small)], state.vectors[5:n])
+    for plain in (_UserIndex(dim=64, window=4, dated=False), _UserIndex(dim=64, window=4, dated=False, context=1,
+                                                                        context_mix=0.0)):
+        plain.add(turns, HashEmbedder(plain.dim), True)
+        assert np.allclose(plain.vectors[:len(plain)], fastpath.hash_embed([m.text for m in turns], 64), atol=1e-6)
 
 
 def test_the_embedded_query_can_leave_the_speakers_names_out():
@@ -666,3 +672,26 @@ def test_similar_words_follow_the_users_vocabulary_as_it_grows():
                        speaker="Ann")], HashEmbedder(state.dim), True)
     assert state.similar(q, {"ann", "bob"}, r) == ["husband"]  # a word said since the last query counts
     assert state.compacted(1).similar(q, {"ann", "bob"}, r) == ["husband"]  # a compacted index has its own
+
+
+def test_rank_after_more_turns_or_other_knobs_equals_a_fresh_index():
+    """The per-turn prior and the window norms are cached between queries: turns added since, or other
+    knobs, must give exactly what an index built from scratch gives."""
+    from dataclasses import replace
+
+    turns = _turns(4, 6)
+    q, query = fastpath.hash_embed(["guitar by the lake"], 64)[0], "guitar by the lake"
+    grown = _UserIndex(dim=64, window=4, dated=False)
+    grown.add(turns[:9], HashEmbedder(64), True)
+    grown.rank(query, q, "", DEFAULT_RANKING)
+    grown.add(turns[9:], HashEmbedder(64), True)
+    assert np.array_equal(grown.rank(query, q, "", DEFAULT_RANKING), _fresh_rank(turns, query, q, DEFAULT_RANKING))
+    other = replace(DEFAULT_RANKING, proper_boost=0.6, opener_boost=0.0, self_boost=0.5)
+    assert np.array_equal(grown.rank(query, q, "", other), _fresh_rank(turns, query, q, other))
+    assert not np.array_equal(grown.rank(query, q, "", other), grown.rank(query, q, "", DEFAULT_RANKING))
+
+
+def _fresh_rank(turns: list[Message], query: str, q: np.ndarray, r) -> np.ndarray:
+    state = _UserIndex(dim=64, window=4, dated=False)
+    state.add(turns, HashEmbedder(64), True)
+    return state.rank(query, q, "", r)

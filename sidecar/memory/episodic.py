@@ -111,7 +111,8 @@ class Ranking:
     # Contextual vectors (an embedder's cosine only): each turn is also embedded together with its
     # embed_context previous same-session turns (each cut to its last embed_context_chars characters),
     # so an answer ("Yes, pottery!") carries its question; the dense part is context_mix * that cosine
-    # + (1 - context_mix) * the turn's own. 0: the turn alone (no second vector is kept).
+    # + (1 - context_mix) * the turn's own, one vector per turn mixed when it is indexed (a new ranking
+    # rebuilds the indexes). 0: the turn alone.
     embed_context: int = 1
     embed_context_chars: int = 400
     context_mix: float = 0.5
@@ -496,7 +497,7 @@ def render_turn(speaker: str, role: Role, text: str, timestamp_ms: int, *, dated
 # ---------------------------------------------------------------------------------------- index
 # Per-row arrays of _UserIndex that a compaction copies as they are (session_of and nbr are renumbered).
 _ROW_ARRAYS = ("vectors", "tokens", "timestamps", "seqs", "roles", "speaker_of", "year_month", "day_of", "position",
-               "doc_len", "voice", "proper", "exact", "simhash", "ctx_vectors")
+               "doc_len", "voice", "proper", "exact", "simhash")
 
 
 @dataclass
@@ -505,8 +506,9 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
     cap: int = 256
     window: int = 4
     dated: bool = True  # the date is part of each turn's text (else: one header item per day)
-    context: int = 0  # previous same-session turns embedded with each turn into ctx_vectors (0: none)
+    context: int = 0  # previous same-session turns embedded with each turn (0: the turn alone)
     context_chars: int = 400  # of each previous turn, the last this many characters
+    context_mix: float = 0.5  # share of the contextual vector in each row of `vectors` (with context > 0)
     ids: list[str] = field(default_factory=list)
     sessions: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
@@ -537,9 +539,12 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         # Each turn's distinct term ids: term_at[term_ptr[row]:term_ptr[row + 1]].
         self.term_at = np.zeros(4096, np.int32)
         self.term_ptr = np.zeros(self.cap + 1, np.int64)
+        # Each turn's vector, mixed once here with its contextual vector (the turn embedded with its
+        # `context` previous turns): (1 - mix) * v.q + mix * c.q == ((1 - mix) * v + mix * c).q, so a
+        # query reads one matrix, not two (at 384 dimensions a 600-turn user's is ~0.9 MB).
         self.vectors = np.zeros((self.cap, self.dim), np.float32)
-        # Each turn embedded with its `context` previous turns; no columns when there is no context.
-        self.ctx_vectors = np.zeros((self.cap, self.dim if self.context > 0 else 0), np.float32)
+        self._prior_key: tuple | None = None  # (rows, knobs) the cached per-turn prior is for
+        self._prior = np.ones(0)
         self.name_words: tuple[str, ...] = ()  # the speakers' names, word by word (replaced, never mutated)
         self.tokens = np.zeros(self.cap, np.int32)
         self.timestamps = np.zeros(self.cap, np.int64)
@@ -583,7 +588,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         # Counted once here, for exactly the line that is packed: its text and the newline after it.
         self.tokens[start:end] = count_lines(texts)
         body = [m.text for m in fresh]
-        self.vectors[start:end] = embedder.embed(body)
+        own = embedder.embed(body)
         self.exact[start:end], self.simhash[start:end] = fastpath.text_keys(texts)
         session_ids = {sid: i for i, sid in enumerate(self.session_rows)}
         speakers = len(self.speakers)
@@ -635,12 +640,14 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         self._mark_proper(0 if len(self.speakers) > speakers else start)
         if len(self.speakers) > speakers:
             self.name_words = tuple(dict.fromkeys(w for name in self.speakers for w in name.split()))
-        if self.context > 0:
+        if self.context > 0 and self.context_mix > 0:
             ctx = []
             for row in range(start, end):
                 prev = [int(self.nbr[row, self.window - k]) for k in range(min(self.context, self.window), 0, -1)]
                 ctx.append("\n".join([*(self.texts[p][-self.context_chars:] for p in prev if p >= 0), texts[row - start]]))
-            self.ctx_vectors[start:end] = embedder.embed(ctx)
+            mix = np.float32(self.context_mix)
+            own = (np.float32(1.0) - mix) * own + mix * embedder.embed(ctx)
+        self.vectors[start:end] = own
         return len(fresh)
 
     def _mark_proper(self, first: int) -> None:
@@ -691,7 +698,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         session's month); a neighbour that was dropped is no neighbour any more."""
         n = len(self) - start
         out = _UserIndex(dim=self.dim, cap=max(n, 1), window=self.window, dated=self.dated, context=self.context,
-                         context_chars=self.context_chars)
+                         context_chars=self.context_chars, context_mix=self.context_mix)
         for name in _ROW_ARRAYS:
             getattr(out, name)[:n] = getattr(self, name)[start:len(self)]
         nbr = self.nbr[start:len(self)] - start
@@ -821,9 +828,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         share = r.kind_dense_weight if r.kind_dense_weight and asks_for_kinds(query) else r.dense_weight
         if qvec is not None and share > 0 and np.any(qvec):
             dense = np.zeros(n + 1, np.float32)
-            dense[:n] = self.vectors[:n] @ qvec
-            if self.context > 0 and r.context_mix > 0:
-                dense[:n] = (1.0 - r.context_mix) * dense[:n] + r.context_mix * (self.ctx_vectors[:n] @ qvec)
+            dense[:n] = self.vectors[:n] @ qvec  # the contextual share is mixed into the rows (context_mix)
             np.maximum(dense, 0.0, out=dense)
             if r.dense_neighbours:
                 dense = self.smooth(dense, decay)
@@ -869,14 +874,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
                 etop = float(extra.max())
                 if etop > 0:
                     score = score + r.prf_weight * extra / etop
-        if r.opener_boost:
-            # A session opens with what happened since the last one: its first turns carry news.
-            mult *= 1.0 + r.opener_boost * r.opener_decay ** self.position[:n].astype(np.float64)
-        if r.self_boost or r.other_penalty:
-            v = self.voice[:n]
-            mult *= np.where(v > 0, 1.0 + r.self_boost, np.where(v < 0, 1.0 - r.other_penalty, 1.0))
-        if r.proper_boost:
-            mult *= np.where(self.proper[:n], 1.0 + r.proper_boost, 1.0)
+        mult *= self._turn_prior(r)
         score = score * mult
         if r.spread > 0 and n:
             nbr = self.nbr[:n, w - 1:w + 1]  # previous and next turn
@@ -893,6 +891,24 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             score[top] = score[top] / (1.0 + r.diversity * rank_in)
         score[mult == 0.0] = -np.inf
         return score
+
+    def _turn_prior(self, r: Ranking) -> np.ndarray:
+        """Each turn's query-independent multiplier (session opener, voice, proper noun), kept until
+        turns are added or the knobs change."""
+        n = len(self.ids)
+        key = (n, r.opener_boost, r.opener_decay, r.self_boost, r.other_penalty, r.proper_boost)
+        if self._prior_key != key:
+            prior = np.ones(n)
+            if r.opener_boost:
+                # A session opens with what happened since the last one: its first turns carry news.
+                prior *= 1.0 + r.opener_boost * r.opener_decay ** self.position[:n].astype(np.float64)
+            if r.self_boost or r.other_penalty:
+                v = self.voice[:n]
+                prior *= np.where(v > 0, 1.0 + r.self_boost, np.where(v < 0, 1.0 - r.other_penalty, 1.0))
+            if r.proper_boost:
+                prior *= np.where(self.proper[:n], 1.0 + r.proper_boost, 1.0)
+            self._prior, self._prior_key = prior, key
+        return self._prior
 
     def similar(self, query_terms: Sequence[str], names: set[str], r: Ranking) -> list[str]:
         """Per query term, the similar_terms terms of this user nearest it in the static word vectors
@@ -1045,7 +1061,7 @@ class EpisodicSource:
         key = (scope.tenant_id, scope.user_id)
         r = self.ranking
         state = _UserIndex(dim=self.dim, window=max(r.neighbours, r.embed_context, 1), dated=not r.date_headers,
-                           context=r.embed_context, context_chars=r.embed_context_chars)
+                           context=r.embed_context, context_chars=r.embed_context_chars, context_mix=r.context_mix)
         # Read no more than the cap allows (a long history must not make this slower over time); past
         # the cap keep the newest three quarters, so the next compaction is a quarter of the cap away.
         rows = self._rows(scope, self.max_turns_per_user + 1)
