@@ -130,11 +130,14 @@ def one_core() -> str:
 def served_build_latency(db: str, request, n: int, configs: dict[str, list[str]],
                          blocks: int = 10) -> dict[str, tuple[object, float, dict[str, float]]]:
     """Per configuration (extra `serve` arguments): (first response, its seconds, percentiles of n more)
-    of one BuildContext request. Each configuration serves its own copy of the database's folder, all
-    at once, and the n calls go in blocks taken in turn (order reversed every round), so a machine
-    whose speed drifts from minute to minute (seen here: 2x) weighs on each alike. The first call
-    loads the indexes."""
+    of one BuildContext request, or of a list of them taken in turn (each configuration gets the same
+    sequence). Each configuration serves its own copy of the database's folder, all at once, and the
+    n calls go in blocks taken in turn (order reversed every round), so a machine whose speed drifts
+    from minute to minute (seen here: 2x) weighs on each alike. The first call loads the indexes."""
+    import itertools
     import shutil
+
+    requests = request if isinstance(request, list) else [request]
 
     folder = Path(db).parent
     servers: dict[str, ServerProcess] = {}
@@ -148,15 +151,16 @@ def served_build_latency(db: str, request, n: int, configs: dict[str, list[str]]
                 copy = Path(shutil.copytree(folder, tempfile.mkdtemp(prefix="sidecar-bench-") + "/db"))
                 copies.append(copy.parent)
             servers[name] = ServerProcess(extra=["--db", str(copy / Path(db).name), *extra])
-        firsts = {}
+        firsts, turns = {}, {}
         for name, server in servers.items():
             t = time.perf_counter()
-            firsts[name] = (server.stub.BuildContext(request, timeout=300), time.perf_counter() - t)
+            firsts[name] = (server.stub.BuildContext(requests[0], timeout=300), time.perf_counter() - t)
+            turns[name] = itertools.cycle(requests)
         order = list(servers.items())
         for block in range(blocks):
             for name, server in (order if block % 2 == 0 else order[::-1]):
-                samples[name] += time_calls(lambda s=server: s.stub.BuildContext(request), n // blocks,
-                                            warmup=50 if block == 0 else 10)
+                samples[name] += time_calls(lambda s=server, q=turns[name]: s.stub.BuildContext(next(q)),
+                                            n // blocks, warmup=50 if block == 0 else 10)
         for name in configs:
             out[name] = (*firsts[name], percentiles(samples[name]))
     finally:

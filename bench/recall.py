@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import re
 import time
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastpath_bench import yardstick_ms
-from harness import ROOT, ServerProcess, emit, percentiles
+from harness import ROOT, ServerProcess, emit, one_core, percentiles, served_build_latency
 
 from sidecar.api import context_service_pb2 as pb
 from sidecar.assembly.builder import SOFT_HEADER_RESERVE
@@ -322,6 +323,18 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
     }
 
 
+def served_new_questions(db: str, convs: Sequence[Conversation], serve_args: list[str], n: int) -> dict:
+    """BuildContext p50 / p99 at 4k over the replayed database, the questions of all users in turn
+    (each call a new question for its user), served as `serve` runs by default and on one core
+    (`--cpus`, as the README advises) at the same time, in alternating blocks."""
+    per_user = [[pb.BuildContextRequest(scope=user_of(c), session_id="eval", query=q.text,
+                                        budget=budget_for(4000, q.text)) for q in c.questions] for c in convs]
+    requests = [req for batch in itertools.zip_longest(*per_user) for req in batch if req is not None]
+    served = served_build_latency(db, requests, n, {"default": serve_args,
+                                                    "one_core": [*serve_args, "--cpus", one_core()]})
+    return {name: stats for name, (_, _, stats) in served.items()}
+
+
 # ---------------------------------------------------------------------------------------- offline
 def offline_app(cache: Path, convs: Sequence[Conversation], profile: str = "default", log=print):
     """(app, message_id -> dia_id per conversation): an in-process sidecar whose database was replayed
@@ -489,6 +502,10 @@ def write_results(figures: dict, profile: str, budgets: Sequence[int]) -> None:
               f"p50 {figures['build_ms_repeated_query'].get('p50_ms')} / "
               f"p99 {figures['build_ms_repeated_query'].get('p99_ms')} ms.",
               f"Server-side stages at 4k, p50 µs: {figures['stage_us_p50']}.",
+              "After the run, the replayed database served as `serve` runs by default and on one core (`--cpus`) "
+              "at the same time, new questions at 4k in alternating blocks: "
+              + ", ".join(f"{name} p50 {v['p50_ms']} / p99 {v['p99_ms']} ms" for name, v in figures["served_4k"].items())
+              + ".",
               "Extracted memories per question (tokens, items, evidence turns found only through them): "
               + ", ".join(f"{int(b) // 1000}k {v['tokens']:.0f} tok / {v['items']:.1f} items / "
                           f"{v['evidence_only_via_memory']:.3f}" for b, v in figures["memories_per_question"].items())
@@ -553,12 +570,15 @@ def main() -> None:
         emit(figures)
         return
     before = yardstick_ms()
-    server = ServerProcess(["--embedder", "minilm" if args.profile == "model" else "hash"])
+    serve_args = ["--embedder", "minilm" if args.profile == "model" else "hash"]
+    server = ServerProcess(serve_args)
     try:
         figures = evaluate(server.stub, convs, budgets, commit=args.commit)
     finally:
         server.stop()
     figures["yardstick_ms"] = {"start": before, "end": yardstick_ms()}
+    figures["served_4k"] = served_new_questions(f"{server.tmp}/bench.duckdb", convs, serve_args,
+                                                200 if args.quick else (600 if args.profile == "model" else 1500))
     figures["profile"] = args.profile
     figures["conversations"] = len(convs)
     if args.profile == "model":

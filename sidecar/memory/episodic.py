@@ -545,6 +545,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         self.vectors = np.zeros((self.cap, self.dim), np.float32)
         self._prior_key: tuple | None = None  # (rows, knobs) the cached per-turn prior is for
         self._prior = np.ones(0)
+        self._nbr_rows = np.zeros((0, 2 * self.window), np.int32)  # _neighbour_rows(), for this many rows
         self.name_words: tuple[str, ...] = ()  # the speakers' names, word by word (replaced, never mutated)
         self.tokens = np.zeros(self.cap, np.int32)
         self.timestamps = np.zeros(self.cap, np.int64)
@@ -724,12 +725,9 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         acc = np.zeros(n + 1, np.float32)  # + 1: a zero sentinel that "no neighbour" (-1) points at
         avg_len = max(self.total_len / max(n, 1), 1.0)
         for t in set(query_terms):
-            posting = self.postings.get(t)
-            if posting is None:
-                continue
-            arrays = self.arrays.get(t)
+            arrays = self._arrays(t)
             if arrays is None:
-                arrays = self.arrays[t] = (np.asarray(posting[0], np.int64), np.asarray(posting[1], np.float32))
+                continue
             rows, tfs = arrays
             df = len(rows)
             idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
@@ -758,36 +756,47 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         so the cost follows the postings rather than rows x terms. A term's counts do not depend on
         the other terms, so each group gets exactly what a call of its own would."""
         n = len(self.ids)
-        slot: dict[str, int] = {}
-        picked = []
+        slot: dict[str, int] = {}  # term -> its index in rows / tfs (-1: the user never says it)
+        rows: list[np.ndarray] = []
+        tfs: list[np.ndarray] = []
+        at: list[list[int]] = []  # per group, its terms' indices
         for group in groups:
-            for t in group:
-                if t not in slot:
+            mine = []
+            for t in dict.fromkeys(group):
+                s = slot.get(t)
+                if s is None:
                     arrays = self._arrays(t)
-                    slot[t] = len(picked) if arrays is not None else -1
+                    s = slot[t] = -1 if arrays is None else len(rows)
                     if arrays is not None:
-                        picked.append(arrays)
-        if not picked or not n:
+                        rows.append(arrays[0])
+                        tfs.append(arrays[1])
+                if s >= 0:
+                    mine.append(s)
+            at.append(mine)
+        if not rows or not n:
             return [np.zeros(n, np.float32) for _ in groups]
         key = (n, b, decay.tobytes())
         if self._win_key != key:
-            nbr = self.nbr[:n]
             lens = np.zeros(n + 1, np.float32)
             lens[:n] = self.doc_len[:n]
-            win_len = lens[:n] + lens[np.where(nbr < 0, n, nbr)] @ decay
+            win_len = lens[:n] + lens[self._neighbour_rows()] @ decay
             self._win_norm = (1.0 - b + b * win_len / max(float(win_len.mean()), 1.0)).astype(np.float32)
             self._win_key = key
-        sizes = np.array([len(p[0]) for p in picked])
+        sizes = np.fromiter(map(len, rows), np.float64, len(rows))
         idf = np.log1p((n - sizes + 0.5) / (sizes + 0.5)).astype(np.float32)
-        at = [[slot[t] for t in dict.fromkeys(group) if slot[t] >= 0] for group in groups]
-        return list(fastpath.window_bm25([p[0] for p in picked], [p[1] for p in picked], self.nbr[:n],
-                                         decay, self._win_norm, idf, at, k1))
+        return list(fastpath.window_bm25(rows, tfs, self.nbr[:n], decay, self._win_norm, idf, at, k1))
 
     def smooth(self, scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """scores[i] + sum_k weights[k] * scores[k-th neighbour of i]; scores carries a 0 sentinel at n."""
+        return scores[:len(self.ids)] + scores[self._neighbour_rows()] @ weights
+
+    def _neighbour_rows(self) -> np.ndarray:
+        """nbr with "none" (-1) pointing at row n, the sentinel; kept until turns are added."""
         n = len(self.ids)
-        nbr = self.nbr[:n]
-        return scores[:n] + scores[np.where(nbr < 0, n, nbr)] @ weights
+        if len(self._nbr_rows) != n:
+            nbr = self.nbr[:n]
+            self._nbr_rows = np.where(nbr < 0, n, nbr)
+        return self._nbr_rows
 
     def rank(self, query: str, qvec: np.ndarray | None, exclude_session: str, r: Ranking) -> np.ndarray:
         """Fused score per row (-inf for rows of the excluded session)."""
@@ -877,9 +886,8 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         mult *= self._turn_prior(r)
         score = score * mult
         if r.spread > 0 and n:
-            nbr = self.nbr[:n, w - 1:w + 1]  # previous and next turn
-            padded = np.append(score, 0.0)
-            score = np.maximum(score, r.spread * padded[np.where(nbr < 0, n, nbr)].max(axis=1))
+            padded = np.append(score, 0.0)  # previous and next turn:
+            score = np.maximum(score, r.spread * padded[self._neighbour_rows()[:, w - 1:w + 1]].max(axis=1))
         if r.diversity > 0 and n:
             top = np.argsort(-score, kind="stable")[: min(n, r.max_candidates)]
             sess = self.session_of[top]
