@@ -344,8 +344,8 @@ def _stem_vectors() -> tuple[dict[str, int], list[str], np.ndarray]:
     return index, list(index), mat
 
 
-# (term, min_cosine) -> rows of the similar stems in the table; bounded by the table's stems (~14.5k)
-# per min_cosine in use.
+# (term, min_cosine) -> rows of the similar stems in the table; bounded by the table's stems (~14.5k,
+# ~41 rows each at cosine 0.4) per min_cosine in use.
 _SIMILAR: dict[tuple[str, float], np.ndarray] = {}
 _NO_ROWS = np.zeros(0, np.int64)
 
@@ -353,17 +353,31 @@ _NO_ROWS = np.zeros(0, np.int64)
 def similar_rows(query_terms: Sequence[str], min_cosine: float) -> list[np.ndarray]:
     """Per term, the table rows (_stem_vectors) of the stems whose static word vectors have a cosine of
     at least min_cosine with its own, nearest first (the term itself left out; none for a term the
-    table lacks). Terms not seen before take one pass over the table together (~0.5 ms, memory-bound),
-    then come from _SIMILAR."""
-    index, _, mat = _stem_vectors()
+    table lacks). From _SIMILAR, which precompute_similar fills at start-up for the ranking's
+    min_cosine; a term not in it yet costs a pass over the table (0.1-0.5 ms, memory-bound)."""
+    index = _stem_vectors()[0]
     missing = [t for t in dict.fromkeys(query_terms) if t in index and (t, min_cosine) not in _SIMILAR]
     if missing:
-        sims = mat @ mat[[index[t] for t in missing]].T
-        for j, t in enumerate(missing):
-            hits = np.flatnonzero(sims[:, j] >= min_cosine)
-            hits = hits[np.argsort(-sims[hits, j], kind="stable")]
-            _SIMILAR[t, min_cosine] = hits[hits != index[t]]
+        _fill_similar(missing, min_cosine)
     return [_SIMILAR.get((t, min_cosine), _NO_ROWS) for t in query_terms]
+
+
+def precompute_similar(min_cosine: float) -> None:
+    """similar_rows of every stem of the table (~1 s on this machine, in the warm-up thread), so a
+    query's new words cost no pass over the table."""
+    keys = _stem_vectors()[1]
+    _fill_similar([t for t in keys if (t, min_cosine) not in _SIMILAR], min_cosine)
+
+
+def _fill_similar(stems: list[str], min_cosine: float, block: int = 512) -> None:
+    index, _, mat = _stem_vectors()
+    for start in range(0, len(stems), block):
+        part = stems[start:start + block]
+        sims = mat[[index[t] for t in part]] @ mat.T
+        for t, row in zip(part, sims, strict=True):
+            hits = np.flatnonzero(row >= min_cosine)
+            hits = hits[np.argsort(-row[hits], kind="stable")]
+            _SIMILAR[t, min_cosine] = hits[hits != index[t]]
 
 
 def table_stems(rows: np.ndarray) -> tuple[str, ...]:
@@ -1018,14 +1032,16 @@ class EpisodicSource:
         self._lock = threading.RLock()
 
     def warm_up(self) -> None:
-        """Build the per-stem word vectors (~0.3 s) and the concepts' kin at start-up rather than in the
-        first queries."""
+        """Build the per-stem word vectors (~0.3 s), the concepts' kin and every stem's similar stems
+        (~1 s) at start-up rather than in the first queries."""
         r = self.ranking
         if r.similar_terms > 0 or r.concept_similar > 0:
             _stem_vectors()
         if r.concept_similar > 0:
             for concept in CONCEPTS:
                 concept_rows(concept, r.concept_min)
+        if r.similar_terms > 0 and r.similar_weight > 0:
+            precompute_similar(r.similar_min)
 
     def use_model(self, embedder: Embedder, ranking: Ranking = MODEL_RANKING) -> None:
         """Rank with a model embedder and the ranking tuned for one; indexes are rebuilt from rows."""
