@@ -127,17 +127,19 @@ def one_core() -> str:
     return str(max(os.sched_getaffinity(0)))
 
 
-def served_build_latency(db: str, request, n: int, configs: dict[str, list[str]],
-                         blocks: int = 10) -> dict[str, tuple[object, float, dict[str, float]]]:
+def served_build_latency(db: str, request, n: int, configs: dict[str, list[str]], blocks: int = 10,
+                         client_cpus: set[int] | None = None) -> dict[str, tuple[object, float, dict[str, float]]]:
     """Per configuration (extra `serve` arguments): (first response, its seconds, percentiles of n more)
     of one BuildContext request, or of a list of them taken in turn (each configuration gets the same
     sequence). Each configuration serves its own copy of the database's folder, all at once, and the
     n calls go in blocks taken in turn (order reversed every round), so a machine whose speed drifts
-    from minute to minute (seen here: 2x) weighs on each alike. The first call loads the indexes."""
+    from minute to minute (seen here: 2x) weighs on each alike. The first call loads the indexes.
+    client_cpus: once the servers run, this process (the calling service) runs on these CPUs only."""
     import itertools
     import shutil
 
     requests = request if isinstance(request, list) else [request]
+    allowed = os.sched_getaffinity(0)
 
     folder = Path(db).parent
     servers: dict[str, ServerProcess] = {}
@@ -151,6 +153,8 @@ def served_build_latency(db: str, request, n: int, configs: dict[str, list[str]]
                 copy = Path(shutil.copytree(folder, tempfile.mkdtemp(prefix="sidecar-bench-") + "/db"))
                 copies.append(copy.parent)
             servers[name] = ServerProcess(extra=["--db", str(copy / Path(db).name), *extra])
+        if client_cpus:
+            os.sched_setaffinity(0, client_cpus)
         firsts, turns = {}, {}
         for name, server in servers.items():
             t = time.perf_counter()
@@ -164,6 +168,8 @@ def served_build_latency(db: str, request, n: int, configs: dict[str, list[str]]
         for name in configs:
             out[name] = (*firsts[name], percentiles(samples[name]))
     finally:
+        if client_cpus:
+            os.sched_setaffinity(0, allowed)
         for server in servers.values():
             server.stop()
         for copy in copies:

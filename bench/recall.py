@@ -14,6 +14,7 @@ import argparse
 import datetime as dt
 import itertools
 import json
+import os
 import re
 import time
 from collections import defaultdict
@@ -325,13 +326,16 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
 
 def served_new_questions(db: str, convs: Sequence[Conversation], serve_args: list[str], n: int) -> dict:
     """BuildContext p50 / p99 at 4k over the replayed database, the questions of all users in turn
-    (each call a new question for its user), served as `serve` runs by default and on one core
-    (`--cpus`, as the README advises) at the same time, in alternating blocks."""
+    (each call a new question for its user), served as `serve` runs by default and on a core of its
+    own (`--cpus`, as the README advises: the calling service, this bench, runs on the other cores)
+    at the same time, in alternating blocks."""
     per_user = [[pb.BuildContextRequest(scope=user_of(c), session_id="eval", query=q.text,
                                         budget=budget_for(4000, q.text)) for q in c.questions] for c in convs]
     requests = [req for batch in itertools.zip_longest(*per_user) for req in batch if req is not None]
-    served = served_build_latency(db, requests, n, {"default": serve_args,
-                                                    "one_core": [*serve_args, "--cpus", one_core()]})
+    core = one_core()
+    others = os.sched_getaffinity(0) - {int(core)}
+    served = served_build_latency(db, requests, n, {"default": serve_args, "one_core": [*serve_args, "--cpus", core]},
+                                  client_cpus=others or None)
     return {name: stats for name, (_, _, stats) in served.items()}
 
 
@@ -502,8 +506,9 @@ def write_results(figures: dict, profile: str, budgets: Sequence[int]) -> None:
               f"p50 {figures['build_ms_repeated_query'].get('p50_ms')} / "
               f"p99 {figures['build_ms_repeated_query'].get('p99_ms')} ms.",
               f"Server-side stages at 4k, p50 µs: {figures['stage_us_p50']}.",
-              "After the run, the replayed database served as `serve` runs by default and on one core (`--cpus`) "
-              "at the same time, new questions at 4k in alternating blocks: "
+              "After the run, the replayed database served as `serve` runs by default and on a core of its own "
+              "(`--cpus`; this bench, the calling service, on the other cores) at the same time, new questions "
+              "at 4k in alternating blocks: "
               + ", ".join(f"{name} p50 {v['p50_ms']} / p99 {v['p99_ms']} ms" for name, v in figures["served_4k"].items())
               + ".",
               "Extracted memories per question (tokens, items, evidence turns found only through them): "
