@@ -588,7 +588,7 @@ def main() -> None:
     figures["conversations"] = len(convs)
     if args.profile == "model":
         figures["model_cost"] = model_cost(convs)
-    if not args.quick:
+    if not args.quick and not args.limit:  # only a full run replaces the published results
         write_results(figures, args.profile, budgets)
     slim = {k: v for k, v in figures.items() if k != "evidence_issue_items"}
     emit(slim)

@@ -594,6 +594,27 @@ def test_similar_words_widen_the_query():
     assert plain.max() == 0 < wide[0] and int(np.argmax(wide)) == 0  # no shared word: bridged by meaning
 
 
+def test_similar_stems_precomputed_for_the_whole_table_equal_those_asked_one_at_a_time():
+    """The warm-up fills every stem's similar stems in blocks; each list is the one a query's word
+    alone gets (a cosine floor no ranking uses here, so the shared lists are left alone)."""
+    from sidecar.memory import episodic
+
+    floor = 0.61
+    keys = episodic._stem_vectors()[1]
+    sample = keys[::97]
+    try:
+        alone = {t: episodic.similar_rows([t], floor)[0] for t in sample}
+        for t in sample:
+            del episodic._SIMILAR[t, floor]
+        episodic.precompute_similar(floor)
+        assert all((t, floor) in episodic._SIMILAR for t in keys)
+        assert all(np.array_equal(episodic._SIMILAR[t, floor], alone[t]) for t in sample)
+        assert sum(len(v) for v in alone.values()) > len(sample)  # the floor leaves lists to compare
+    finally:
+        for t in keys:
+            episodic._SIMILAR.pop((t, floor), None)
+
+
 def test_concept_kin_widens_a_category_word_through_the_word_vectors():
     from dataclasses import replace
 
