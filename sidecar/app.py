@@ -112,7 +112,8 @@ class Sidecar:
         self.kb_worker.start()
         self.knowledge.start_saver(settings.index_save_every_s)
         threading.Thread(target=self.knowledge.warm_up, name="kb-warm-up", daemon=True).start()
-        threading.Thread(target=self.episodic.warm_up, name="episodic-warm-up", daemon=True).start()
+        self._episodic_warm_up = threading.Thread(target=self.episodic.warm_up, name="episodic-warm-up", daemon=True)
+        self._episodic_warm_up.start()
         self.feed = self._follow_other_replicas()
 
     @property
@@ -166,5 +167,9 @@ class Sidecar:
         self.worker.stop()
         self.kb_worker.stop()
         self.knowledge.stop_saver()
+        # Its numpy work must not outlive the interpreter (a daemon thread inside BLAS at exit can crash
+        # it); told to stop, it ends within one block (~30 ms).
+        self.episodic.close()
+        self._episodic_warm_up.join(timeout=10)
         self.knowledge.save()
         self.store.close()

@@ -615,6 +615,25 @@ def test_similar_stems_precomputed_for_the_whole_table_equal_those_asked_one_at_
             episodic._SIMILAR.pop((t, floor), None)
 
 
+def test_warm_up_stops_once_closed_and_the_app_waits_for_it(tmp_path):
+    """The warm-up's numpy work must not outlive the process (a daemon thread inside BLAS at exit
+    crashed a sidecar stopped within a second of its start): closed, it computes nothing more, and
+    Sidecar.close() returns only once the thread is gone."""
+    from dataclasses import replace
+
+    from sidecar import app as app_module
+    from sidecar.memory import episodic
+
+    floor = 0.77  # no ranking uses it: a list with this floor can only come from this warm-up
+    source = EpisodicSource(None, ranking=replace(DEFAULT_RANKING, similar_min=floor))
+    source.close()
+    source.warm_up()
+    assert not any(key[1] == floor for key in episodic._SIMILAR)
+    sidecar = app_module.Sidecar(str(tmp_path / "warm.duckdb"))
+    sidecar.close()
+    assert not sidecar._episodic_warm_up.is_alive()
+
+
 def test_concept_kin_widens_a_category_word_through_the_word_vectors():
     from dataclasses import replace
 

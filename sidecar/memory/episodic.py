@@ -34,7 +34,7 @@ import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from operator import itemgetter
@@ -362,16 +362,19 @@ def similar_rows(query_terms: Sequence[str], min_cosine: float) -> list[np.ndarr
     return [_SIMILAR.get((t, min_cosine), _NO_ROWS) for t in query_terms]
 
 
-def precompute_similar(min_cosine: float) -> None:
+def precompute_similar(min_cosine: float, stop: Callable[[], bool] = lambda: False) -> None:
     """similar_rows of every stem of the table (~1 s on this machine, in the warm-up thread), so a
-    query's new words cost no pass over the table."""
+    query's new words cost no pass over the table; `stop` is asked between blocks."""
     keys = _stem_vectors()[1]
-    _fill_similar([t for t in keys if (t, min_cosine) not in _SIMILAR], min_cosine)
+    _fill_similar([t for t in keys if (t, min_cosine) not in _SIMILAR], min_cosine, stop)
 
 
-def _fill_similar(stems: list[str], min_cosine: float, block: int = 512) -> None:
+def _fill_similar(stems: list[str], min_cosine: float, stop: Callable[[], bool] = lambda: False,
+                  block: int = 512) -> None:
     index, _, mat = _stem_vectors()
     for start in range(0, len(stems), block):
+        if stop():
+            return
         part = stems[start:start + block]
         sims = mat[[index[t] for t in part]] @ mat.T
         for t, row in zip(part, sims, strict=True):
@@ -1030,6 +1033,7 @@ class EpisodicSource:
         self.max_total_turns = max(max_total_turns, self.max_turns_per_user)
         self._users: OrderedDict[tuple[str, str], _UserIndex] = OrderedDict()
         self._lock = threading.RLock()
+        self._closing = threading.Event()
 
     def warm_up(self) -> None:
         """Build the per-stem word vectors (~0.3 s), the concepts' kin and every stem's similar stems
@@ -1039,9 +1043,15 @@ class EpisodicSource:
             _stem_vectors()
         if r.concept_similar > 0:
             for concept in CONCEPTS:
+                if self._closing.is_set():
+                    return
                 concept_rows(concept, r.concept_min)
         if r.similar_terms > 0 and r.similar_weight > 0:
-            precompute_similar(r.similar_min)
+            precompute_similar(r.similar_min, self._closing.is_set)
+
+    def close(self) -> None:
+        """Stop the warm-up (the app joins its thread before the process exits)."""
+        self._closing.set()
 
     def use_model(self, embedder: Embedder, ranking: Ranking = MODEL_RANKING) -> None:
         """Rank with a model embedder and the ranking tuned for one; indexes are rebuilt from rows."""
