@@ -552,6 +552,9 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         self._win_norm = np.zeros(0, np.float32)
         self._said_mask: np.ndarray | None = None  # _said(): per table stem, whether the user says it
         self._said_upto = 0  # words counted into it
+        self._prior_key: tuple | None = None  # (rows, knobs) the cached per-turn prior is for
+        self._prior = np.ones(0)
+        self._nbr_rows = np.zeros((0, 2 * self.window), np.int32)  # _neighbour_rows(), for this many rows
         self.term_df = np.zeros(256, np.int32)  # turns holding each term id
         # Each turn's distinct term ids: term_at[term_ptr[row]:term_ptr[row + 1]].
         self.term_at = np.zeros(4096, np.int32)
@@ -560,9 +563,6 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         # `context` previous turns): (1 - mix) * v.q + mix * c.q == ((1 - mix) * v + mix * c).q, so a
         # query reads one matrix, not two (at 384 dimensions a 600-turn user's is ~0.9 MB).
         self.vectors = np.zeros((self.cap, self.dim), np.float32)
-        self._prior_key: tuple | None = None  # (rows, knobs) the cached per-turn prior is for
-        self._prior = np.ones(0)
-        self._nbr_rows = np.zeros((0, 2 * self.window), np.int32)  # _neighbour_rows(), for this many rows
         self.name_words: tuple[str, ...] = ()  # the speakers' names, word by word (replaced, never mutated)
         self.tokens = np.zeros(self.cap, np.int32)
         self.timestamps = np.zeros(self.cap, np.int64)
