@@ -684,6 +684,26 @@ def test_a_question_for_kinds_gives_meaning_its_own_share():
         assert (not np.allclose(shared, lexical)) is kinds, q  # only a question for kinds mixes the cosine in
 
 
+
+def test_a_question_asking_when_gives_meaning_its_own_share():
+    from dataclasses import replace
+
+    from sidecar.memory.episodic import Ranking, asks_when
+
+    assert [asks_when(q) for q in ("When did Ann move?", " when is the party", "How long has Bob lived here?")] \
+        == [True] * 3
+    assert [asks_when(q) for q in ("Whence?", "How many dogs?", "What did Ann say when Bob left?", "")] == [False] * 4
+    state = _index([(MAY_8, [("Ann", "I moved to Paris."), ("Bob", "Which part?"), ("Ann", "Near the river.")])])
+    base = Ranking(opener_boost=0.0, assoc_terms=0, similar_terms=0, prf_docs=0, concept_similar=0, dense_weight=0.5,
+                   kind_dense_weight=0.5)
+    for q, when in (("When did Ann move to Paris?", True), ("Why did Ann move to Paris?", False),
+                    ("When did Ann visit both cities?", True)):  # asking when beats asking for kinds ("both")
+        qvec = HashEmbedder(state.dim).embed([q])[0]
+        plain = state.rank(q, qvec, "", base)
+        lexical = state.rank(q, qvec, "", replace(base, dense_weight=0.0, kind_dense_weight=0.0))
+        own = state.rank(q, qvec, "", replace(base, when_dense_weight=1e-9))  # ~lexical alone when asked when
+        assert np.allclose(own, lexical) is when and np.allclose(own, plain) is not when, q
+
 def test_feedback_from_the_best_turns_widens_the_query():
     from dataclasses import replace
 
