@@ -99,7 +99,8 @@ class Sidecar:
             self.sessions,
             [MessageSource(), SummarySource(), ToolObservationSource(self.store), MemorySource(self.memories),
              KnowledgeSource(self.knowledge)],
-            pinned=pinned_items, resolvers=[knowledge_beats_memory(self.knowledge)])
+            pinned=pinned_items, resolvers=[knowledge_beats_memory(self.knowledge)],
+            query_embedder=None if isinstance(self.embedder, HashEmbedder) else self.embedder)
         # Episodic recall: the user's past turns from other sessions, indexed as they are appended.
         self.episodic = EpisodicSource(self.store, max_total_turns=settings.episodic_turns)
         if not isinstance(self.embedder, HashEmbedder):  # a model: past turns ranked with its cosine too

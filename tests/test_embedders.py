@@ -75,9 +75,80 @@ def test_local_model_keeps_recent_queries_and_runs_on_capped_threads(minilm, mon
     assert np.array_equal(a, b) and len(calls) == 1 and a.shape == (1, 384)
     b[0, 0] = 9.0  # the caller's copy
     assert minilm.embed(["which pets does Ann have?"])[0, 0] != 9.0
-    minilm.embed(["a", "b"])  # batches are not kept
-    minilm.embed(["a", "b"])
-    assert len(calls) == 3
+    pair = minilm.embed(["which pets?", "which pets does Ann have?"])  # a call's query texts: kept
+    assert calls[-1] == ["which pets?"] and np.array_equal(pair[1], a[0])
+    assert np.array_equal(minilm.embed(["which pets?"]), pair[:1]) and len(calls) == 2
+    docs = [f"chunk {i}" for i in range(minilm.CACHED_BATCH + 1)]
+    minilm.embed(docs)  # a larger batch (document chunks) is not kept
+    minilm.embed(docs[:1])
+    assert len(calls) == 4
+
+
+class KeepingEmbedder:
+    """A stand-in for the local model where it is not installed (CI): hashed vectors, the texts of
+    small batches kept as MiniLMEmbedder keeps them, every batch it computes recorded."""
+
+    name = "keeping-hash"
+    dim = 256
+
+    def __init__(self) -> None:
+        self.hash, self.recent, self.batches = HashEmbedder(self.dim), {}, []
+
+    def embed(self, texts):
+        missing = list(dict.fromkeys(t for t in texts if t not in self.recent))
+        if missing:
+            self.batches.append(missing)
+            self.recent.update(zip(missing, self.hash.embed(missing), strict=True))
+        return np.stack([self.recent[t] for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
+
+
+def _query_batches(tmp_path, embedder, batches) -> None:
+    """A BuildContext whose sources embed different texts (long-term memories the query as asked,
+    past turns without the speakers' names) runs the embedder once, on both; the context is the
+    same as when each source embeds on its own."""
+    from sidecar.api import context_service_pb2 as pb
+    from sidecar.api import context_service_pb2_grpc as pb_grpc
+    from sidecar.app import Sidecar
+    from sidecar.server import build_server
+
+    app = Sidecar(str(tmp_path / "batch.duckdb"), embedder=embedder)
+    server, port = build_server(app, listen="127.0.0.1:0", uds=None)
+    server.start()
+    try:
+        stub = pb_grpc.ContextServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        scope = pb.Scope(tenant_id="t", user_id="ann")
+        old = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+        for speaker, text in (("Ann", "I adopted a tortoise called Shelly."), ("Bob", "How old is she?"),
+                              ("Ann", "About forty years, the vet said.")):
+            stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id=old, messages=[pb.NewMessage(
+                role=pb.ROLE_USER if speaker == "Ann" else pb.ROLE_ASSISTANT, text=text, speaker=speaker)]))
+        stub.AddMemory(pb.AddMemoryRequest(scope=scope, type=pb.MEMORY_TYPE_SEMANTIC, content="Ann keeps a tortoise"))
+        new = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+        contexts = []
+        for ahead in (app.builder.query_embedder, None):
+            app.builder.query_embedder = ahead
+            query = "What is the name of Ann's tortoise?" if ahead else "How old is Ann's tortoise?"
+            del batches[:]
+            resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=new, query=query))
+            contexts.append(sorted(it.source.split(":")[0] for s in resp.sections for it in s.items))
+            unnamed = query.replace("Ann's ", "")
+            assert batches == ([[query, unnamed]] if ahead else [[query], [unnamed]])
+        assert contexts[0] == contexts[1] and contexts[0].count("message") == 3 and "memory" in contexts[0]
+    finally:
+        server.stop(grace=1).wait()
+        app.close()
+
+
+def test_a_models_query_texts_are_embedded_in_one_batch(tmp_path):
+    embedder = KeepingEmbedder()
+    _query_batches(tmp_path, embedder, embedder.batches)
+
+
+def test_the_local_models_query_texts_are_embedded_in_one_batch(minilm, tmp_path, monkeypatch):
+    calls: list[list[str]] = []
+    encode = minilm._model.encode
+    monkeypatch.setattr(minilm._model, "encode", lambda texts, **kw: calls.append(list(texts)) or encode(texts, **kw))
+    _query_batches(tmp_path, minilm, calls)
 
 
 def test_model_ranking_recalls_a_paraphrase_with_no_shared_word(minilm):

@@ -22,10 +22,12 @@ from sidecar.assembly.candidates import (
     CandidateSource,
     Section,
     SoftCategory,
+    query_texts,
 )
 from sidecar.clock import now_ms
 from sidecar.domain import Category, Role, Scope
 from sidecar.errors import FailedPrecondition, InvalidArgument
+from sidecar.index.embedders import Embedder
 from sidecar.services.sessions import SessionService
 from sidecar.store.cache import SessionView
 from sidecar.text import query_terms
@@ -187,13 +189,17 @@ PinnedProvider = Callable[[Scope, SessionView], list[Item]]
 class ContextBuilder:
     def __init__(self, sessions: SessionService, sources: Sequence[CandidateSource],
                  pinned: PinnedProvider | None = None, weights: Weights = Weights(),
-                 resolvers: Sequence[Callable[[list[CandidateBatch]], None]] = ()) -> None:
+                 resolvers: Sequence[Callable[[list[CandidateBatch]], None]] = (),
+                 query_embedder: Embedder | None = None) -> None:
         self.sessions = sessions
         self.sources = list(sources)
         self.pinned = pinned
         self.weights = weights
         # Cross-source rules applied to the candidates before selection (knowledge beats memory).
         self.resolvers = list(resolvers)
+        # The model the sources embed the query with, which keeps recent texts (MiniLMEmbedder): what they
+        # will embed goes through it in one batch. None: the built-in embedder, for which a batch saves nothing.
+        self.query_embedder = query_embedder
 
     def build(self, scope: Scope, req: BuildRequest) -> BuildResult:
         clock = _StageClock()
@@ -215,6 +221,8 @@ class ContextBuilder:
         inp = BuildInput(scope=scope, view=view, run_id=req.run_id, query=req.query,
                          query_terms=frozenset(query_terms(req.query)), query_embedding=req.query_embedding, roles=req.roles,
                          budget=budget, now_ms=now_ms())
+        if self.query_embedder is not None and inp.query:
+            self._embed_query_texts(self.query_embedder, inp)
         batches = [b for src in self.sources for b in src.candidates(inp)]
         for resolve in self.resolvers:
             resolve(batches)
@@ -234,6 +242,15 @@ class ContextBuilder:
             total_budget=budget.total, dropped=dropped, drop_counts=drop_counts, stable_prefix_hash=prefix_hash,
             stable_prefix_tokens=prefix_tokens, knowledge_status=_knowledge_status(batches), timings=clock.laps,
             debug=req.debug)
+
+    def _embed_query_texts(self, embedder: Embedder, inp: BuildInput) -> None:
+        """What the sources will embed (the query as asked for memories and knowledge, without the
+        speakers' names for past turns) goes through the model in one batch: two short texts cost ~12 ms
+        on one torch thread against ~21 ms one by one. Each source then finds its vector in the model's
+        cache of recent texts."""
+        texts = list(dict.fromkeys(t for src in self.sources for t in query_texts(src, inp)))
+        if len(texts) > 1:
+            embedder.embed(texts)
 
     # ------------------------------------------------------------------ hard zone
     def _hard_zone(self, scope: Scope, view: SessionView, req: BuildRequest

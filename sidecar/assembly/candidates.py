@@ -125,3 +125,16 @@ class CandidateSource(Protocol):
     name: str
 
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]: ...
+
+
+def client_vector_of(inp: BuildInput, dim: int) -> np.ndarray | None:
+    """The client's query_embedding when it has this size (the embedder's), else None."""
+    given = inp.query_embedding
+    return given if given is not None and given.shape == (dim,) else None
+
+
+def query_texts(source: CandidateSource, inp: BuildInput) -> Sequence[str]:
+    """The texts `source` will embed for this call with the app's embedder (a source may define
+    query_texts(inp); ContextBuilder runs them through a model in one batch)."""
+    named = getattr(source, "query_texts", None)
+    return named(inp) if named is not None else ()

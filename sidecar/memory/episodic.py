@@ -1150,15 +1150,13 @@ class EpisodicSource:
                query_embedding: np.ndarray | None = None) -> tuple[_UserIndex, np.ndarray, np.ndarray]:
         """(index, rows best first, their relevance in (0, 1]) worth about budget * candidate_factor tokens."""
         r = self.ranking
-        given = self.takes_client_vectors and query_embedding is not None and query_embedding.shape == (self.dim,)
+        given = self._given(query_embedding)
         # The query vector (a model's: ~13 ms on one core) is taken outside the lock, so concurrent
-        # calls for other users do not queue behind it; a model embedder keeps recent queries, so the
-        # memory source's embedding of the same query is reused (unless names are left out of this one).
+        # calls for other users do not queue behind it; a model embedder keeps recent texts, so what the
+        # builder embedded ahead (query_texts) or the memory source's embedding of the query is reused.
         key = (scope.tenant_id, scope.user_id)
-        known = self._users.get(key)  # a peek without the lock: only its names (replaced whole) are read
-        qvec = None
-        if query and not given and (r.dense_query_names or known is not None):
-            qvec = self.embedder.embed([_dense_query(query, known, r)])[0]
+        text = self._query_text(key, query, given)
+        qvec = self.embedder.embed([text])[0] if text is not None else None
         with self._lock:
             state = self._users.get(key)
             if state is None:
@@ -1189,11 +1187,35 @@ class EpisodicSource:
         order = order[:keep]
         return state, order, score[order] / score[order[0]]
 
+    def _given(self, query_embedding: np.ndarray | None) -> bool:
+        """Whether the client's query vector is used (it is in a model's space, and of its size)."""
+        return self.takes_client_vectors and query_embedding is not None and query_embedding.shape == (self.dim,)
+
+    def _query_text(self, key: tuple[str, str], query: str, given: bool) -> str | None:
+        """The text embedded for this query before the user's index is at hand: None when there is no
+        query, the client's vector is used, or the speakers' names are to be left out of a user not
+        loaded yet (then it is embedded once the index is loaded)."""
+        r = self.ranking
+        known = self._users.get(key)  # a peek without the lock: only its names (replaced whole) are read
+        if not query or given or not (r.dense_query_names or known is not None):
+            return None
+        return _dense_query(query, known, r)
+
+    def _searches(self, inp: BuildInput) -> bool:
+        # A sub-session inherits only what was handed off, never the parent's (or any) history.
+        return inp.budget.memories > 0 and bool(inp.query) and not inp.view.session.parent_session_id
+
+    def query_texts(self, inp: BuildInput) -> list[str]:
+        """What search() will embed for this call (see ContextBuilder.query_embedder)."""
+        if not self._searches(inp):
+            return []
+        text = self._query_text((inp.scope.tenant_id, inp.scope.user_id), inp.query, self._given(inp.query_embedding))
+        return [text] if text is not None else []
+
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
         batch = CandidateBatch(category=SoftCategory.MEMORIES, section=Section.MEMORIES)
         budget = inp.budget.memories + (inp.budget.recent_messages if inp.budget.flow_unused else 0)
-        # A sub-session inherits only what was handed off, never the parent's (or any) history.
-        if inp.budget.memories <= 0 or not inp.query or inp.view.session.parent_session_id:
+        if not self._searches(inp):
             return [batch]
         state, rows, relevance = self.search(inp.scope, inp.query, inp.view.session.session_id, budget,
                                              inp.query_embedding)

@@ -16,6 +16,7 @@ from sidecar.assembly.candidates import (
     Section,
     SoftCategory,
     SourceDrop,
+    client_vector_of,
 )
 from sidecar.domain import Category, Memory, MemoryType
 from sidecar.memory.recall import AUTHORITY_BONUS, UserMemories, best_first
@@ -35,6 +36,12 @@ class MemorySource:
     def __init__(self, memories: MemoryService) -> None:
         self.memories = memories
 
+    def query_texts(self, inp: BuildInput) -> list[str]:
+        """The query, embedded for the user's memories unless the client sent its vector."""
+        if inp.budget.memories <= 0 or not inp.query or client_vector_of(inp, self.memories.embedder.dim) is not None:
+            return []
+        return [inp.query]
+
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
         batch = CandidateBatch(category=SoftCategory.MEMORIES, section=Section.MEMORIES)
         if inp.budget.memories <= 0:
@@ -44,9 +51,9 @@ class MemorySource:
             state = self.memories.user(inp.scope)
             if not state.active:
                 return [batch]
-            vector = (inp.query_embedding if inp.query_embedding is not None and
-                      inp.query_embedding.shape == (self.memories.embedder.dim,)
-                      else self.memories.embedder.embed([inp.query])[0] if inp.query else None)
+            vector = client_vector_of(inp, self.memories.embedder.dim)
+            if vector is None and inp.query:
+                vector = self.memories.embedder.embed([inp.query])[0]
             picked: dict[str, tuple[Memory, float]] = {}
             # The index's keys and scores in UserMemories.search's order, without a hit object per memory.
             keys, scores = state.index.ranked(vector, query_terms(inp.query), TOP_K)
