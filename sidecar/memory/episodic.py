@@ -23,9 +23,9 @@ speaker) over one in the second ("you"), and for a turn naming someone or someth
 speaker (a capitalised word inside a sentence). Terms are stemmed with irregular forms ("went" ->
 go) and a dropped final "e" ("hike"/"hiking"). Packed turns read "Ann: text"; their date is one
 "[8 May 2023]" item per day, packed ahead of that day's turns. With a model embedder (MODEL_RANKING)
-its cosine weighs more and the query is embedded without the speakers' names. Tuned on LoCoMo
-conversations 1-5 (bench/recall.py --offline compares knobs in seconds); about 1 ms per query over
-a ~600-turn user."""
+its cosine weighs more (but for a question asking when) and the query is embedded without the speakers'
+names. Tuned on LoCoMo conversations 1-5 (bench/recall.py --offline compares knobs in seconds); about
+1 ms per query over a ~600-turn user."""
 
 from __future__ import annotations
 
