@@ -178,10 +178,10 @@ DEFAULT_RANKING = Ranking()
 # mixed in (0.15 / 0.3 of the dense part: 92.97 / 92.88), the query vector moved towards the best
 # turns' (Rocchio, 3-10 turns: 92.4-92.9), a turn outscored by its neighbour discounted (default: 91.6
 # at 0.1).
-MODEL_RANKING = replace(DEFAULT_RANKING, dense_weight=0.55, when_dense_weight=0.25, prev_decay=0.7, next_decay=0.7, self_boost=0.0,
-                        other_penalty=0.0, dense_neighbours=False, embed_context=1, context_mix=0.5,
-                        dense_query_names=False, assoc_weight=0.15, b=1.0, kind_dense_weight=0.6, prf_docs=10,
-                        prf_weight=0.05, concept_similar=0)
+MODEL_RANKING = replace(DEFAULT_RANKING, dense_weight=0.55, kind_dense_weight=0.6, when_dense_weight=0.25,
+                        prev_decay=0.7, next_decay=0.7, self_boost=0.0, other_penalty=0.0, dense_neighbours=False,
+                        embed_context=1, context_mix=0.5, dense_query_names=False, assoc_weight=0.15, b=1.0,
+                        prf_docs=10, prf_weight=0.05, concept_similar=0)
 
 # ---------------------------------------------------------------------------------------- terms
 _WORD_RE = re.compile(r"[0-9a-z]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
