@@ -134,6 +134,16 @@ def _query_batches(tmp_path, embedder, batches) -> None:
             unnamed = query.replace("Ann's ", "")
             assert batches == ([[query, unnamed]] if ahead else [[query], [unnamed]])
         assert contexts[0] == contexts[1] and contexts[0].count("message") == 3 and "memory" in contexts[0]
+        # A user with no long-term memories: only past turns embed the query (without the names), once.
+        app.builder.query_embedder = embedder
+        bob = pb.Scope(tenant_id="t", user_id="bob")
+        old = stub.CreateSession(pb.CreateSessionRequest(scope=bob)).session_id
+        stub.AppendMessages(pb.AppendMessagesRequest(scope=bob, session_id=old, messages=[pb.NewMessage(
+            role=pb.ROLE_USER, text="Rex is my dog.", speaker="Bob")]))
+        new = stub.CreateSession(pb.CreateSessionRequest(scope=bob)).session_id
+        del batches[:]
+        stub.BuildContext(pb.BuildContextRequest(scope=bob, session_id=new, query="What is Bob's dog called?"))
+        assert batches == [["What is dog called?"]]
     finally:
         server.stop(grace=1).wait()
         app.close()

@@ -37,10 +37,10 @@ class MemorySource:
         self.memories = memories
 
     def query_texts(self, inp: BuildInput) -> list[str]:
-        """The query, embedded for the user's memories unless the client sent its vector."""
+        """The query, embedded for the user's memories (if any) unless the client sent its vector."""
         if inp.budget.memories <= 0 or not inp.query or client_vector_of(inp, self.memories.embedder.dim) is not None:
             return []
-        return [inp.query]
+        return [inp.query] if self.memories.user(inp.scope).active else []
 
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
         batch = CandidateBatch(category=SoftCategory.MEMORIES, section=Section.MEMORIES)
