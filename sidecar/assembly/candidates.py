@@ -127,10 +127,9 @@ class CandidateSource(Protocol):
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]: ...
 
 
-def client_vector_of(inp: BuildInput, dim: int) -> np.ndarray | None:
+def client_vector_of(query_embedding: np.ndarray | None, dim: int) -> np.ndarray | None:
     """The client's query_embedding when it has this size (the embedder's), else None."""
-    given = inp.query_embedding
-    return given if given is not None and given.shape == (dim,) else None
+    return query_embedding if query_embedding is not None and query_embedding.shape == (dim,) else None
 
 
 def query_texts(source: CandidateSource, inp: BuildInput) -> Sequence[str]:

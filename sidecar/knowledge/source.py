@@ -74,7 +74,7 @@ class KnowledgeSource:
 
     def query_texts(self, inp: BuildInput) -> list[str]:
         """The query, embedded for the tenant's chunks unless the client sent its vector."""
-        if (inp.budget.rag_or_graph <= 0 or not inp.query or client_vector_of(inp, self.knowledge.embedder.dim) is not None
+        if (inp.budget.rag_or_graph <= 0 or not inp.query or client_vector_of(inp.query_embedding, self.knowledge.embedder.dim) is not None
                 or not self.knowledge.tenant(inp.scope.tenant_id).entries):
             return []
         return [inp.query]
@@ -88,7 +88,7 @@ class KnowledgeSource:
         if not tk.entries and not len(graph):
             return [kb]
         if tk.entries and inp.query:
-            vector = client_vector_of(inp, self.knowledge.embedder.dim)
+            vector = client_vector_of(inp.query_embedding, self.knowledge.embedder.dim)
             hits, matched = self.knowledge.search_vector(inp.scope.tenant_id, inp.roles, inp.query, vector, TOP_K)
             kb.knowledge_matched = matched
             hits = [(h, e) for h, e in hits if h.score >= self.knowledge.relevance_threshold]

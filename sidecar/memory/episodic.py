@@ -42,7 +42,14 @@ from operator import itemgetter
 import numpy as np
 
 import fastpath
-from sidecar.assembly.candidates import BuildInput, CandidateBatch, ItemMeta, Section, SoftCategory
+from sidecar.assembly.candidates import (
+    BuildInput,
+    CandidateBatch,
+    ItemMeta,
+    Section,
+    SoftCategory,
+    client_vector_of,
+)
 from sidecar.domain import Category, Message, Role, Scope, render_message_line
 from sidecar.index.embedders import Embedder
 from sidecar.index.word_vectors import StaticEmbedder, default_vectors
@@ -1189,7 +1196,7 @@ class EpisodicSource:
 
     def _given(self, query_embedding: np.ndarray | None) -> bool:
         """Whether the client's query vector is used (it is in a model's space, and of its size)."""
-        return self.takes_client_vectors and query_embedding is not None and query_embedding.shape == (self.dim,)
+        return self.takes_client_vectors and client_vector_of(query_embedding, self.dim) is not None
 
     def _query_text(self, key: tuple[str, str], query: str, given: bool) -> str | None:
         """The text embedded for this query before the user's index is at hand: None when there is no

@@ -38,7 +38,7 @@ class MemorySource:
 
     def query_texts(self, inp: BuildInput) -> list[str]:
         """The query, embedded for the user's memories (if any) unless the client sent its vector."""
-        if inp.budget.memories <= 0 or not inp.query or client_vector_of(inp, self.memories.embedder.dim) is not None:
+        if inp.budget.memories <= 0 or not inp.query or client_vector_of(inp.query_embedding, self.memories.embedder.dim) is not None:
             return []
         return [inp.query] if self.memories.user(inp.scope).active else []
 
@@ -51,7 +51,7 @@ class MemorySource:
             state = self.memories.user(inp.scope)
             if not state.active:
                 return [batch]
-            vector = client_vector_of(inp, self.memories.embedder.dim)
+            vector = client_vector_of(inp.query_embedding, self.memories.embedder.dim)
             if vector is None and inp.query:
                 vector = self.memories.embedder.embed([inp.query])[0]
             picked: dict[str, tuple[Memory, float]] = {}
