@@ -755,3 +755,50 @@ def _fresh_rank(turns: list[Message], query: str, q: np.ndarray, r) -> np.ndarra
     state = _UserIndex(dim=64, window=4, dated=False)
     state.add(turns, HashEmbedder(64), True)
     return state.rank(query, q, "", r)
+
+
+def test_the_same_question_over_the_same_turns_reuses_its_ranking(monkeypatch):
+    """An agent's tool loop asks again with one user message: the ranking is kept while the user's turns
+    are the same, for that question, current session and client vector only; a new turn ranks afresh."""
+    turns = _turns(4, 6)
+    store = _RowsStore(turns[:9])
+    source = EpisodicSource(store, HashEmbedder(64))
+    scope = Scope("t", "u")
+    ranked = []
+    rank = _UserIndex.rank
+    monkeypatch.setattr(_UserIndex, "rank", lambda self, *a: ranked.append(a[0]) or rank(self, *a))
+    query = "guitar by the lake"
+    _, rows, rel = source.search(scope, query, "", 400)
+    _, rows_again, rel_again = source.search(scope, query, "", 400)
+    assert ranked == [query] and np.array_equal(rows, rows_again) and np.array_equal(rel, rel_again)
+    _, more, _ = source.search(scope, query, "", 4000)  # another budget: the same ranking, cut later
+    assert ranked == [query] and np.array_equal(more[:len(rows)], rows) and len(more) >= len(rows)
+    source.search(scope, "where is the lake", "", 400)
+    source.search(scope, query, turns[0].session_id, 400)  # another current session
+    vec = np.ones(64, np.float32)
+    source.takes_client_vectors = True
+    source.search(scope, query, "", 400, vec)
+    source.search(scope, query, "", 400, vec)
+    source.search(scope, query, "", 400, -vec)
+    assert len(ranked) == 5
+    source.takes_client_vectors = False
+    source.on_append(scope, turns[9].session_id, turns[9:])  # the user's turns grow: rank again
+    _, grown, _ = source.search(scope, query, "", 4000)
+    assert len(ranked) == 6
+    fresh = EpisodicSource(_RowsStore(turns), HashEmbedder(64)).search(scope, query, "", 4000)[1]
+    assert np.array_equal(grown, fresh)
+
+
+class _RowsStore:
+    """The two store calls EpisodicSource makes, over a list of turns."""
+
+    def __init__(self, turns: list[Message]) -> None:
+        self.turns = turns
+
+    def list_user_messages(self, scope, roles, newest):
+        return self.turns[-newest:]
+
+    def session_view(self, scope, session_id):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(session=SimpleNamespace(parent_session_id=""))

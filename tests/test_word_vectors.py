@@ -43,6 +43,19 @@ def test_the_embedder_joins_meaning_and_spelling():
     assert a @ b > a @ c
 
 
+def test_one_text_is_embedded_as_in_a_batch():
+    """A query takes a shorter path (embed_one): the same row as its batch would give."""
+    e = StaticEmbedder()
+    texts = ["When did Caroline go to the support group?", "我们去爬山了", "", "zzqx", "the", "My wife's pottery!"]
+    batch = e.embed([*texts, "pad"])
+    for i, text in enumerate(texts):
+        one = e.embed([text])
+        assert one.shape == (1, e.dim) and one.dtype == np.float32
+        assert np.allclose(one[0], batch[i], atol=1e-6), text
+        assert np.allclose(e.vectors.embed([text])[0], e.vectors.embed([text, "pad"])[0], atol=1e-6)
+    assert not np.any(e.embed([""]))
+
+
 def test_a_stem_row_averages_its_words():
     wv = WordVectors(["paint", "painting", "guitar"], np.array([[1, 0], [0, 1], [-1, 0]], np.int8))
     index, mat = wv.by_stem(lambda w: "paint" if w.startswith("paint") else w)

@@ -54,6 +54,8 @@ class WordVectors:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """float32[n, dim]: each text's known words, weighted by rank, summed and normalised (zero
         when it has none: a text in another script or of unknown words only)."""
+        if len(texts) == 1:  # a query: the batch path's dozen numpy calls cost more than the sums
+            return self.embed_one(texts[0])[None, :]
         out = np.zeros((len(texts), self.dim), np.float32)
         rows: list[int] = []
         owners: list[int] = []
@@ -71,6 +73,16 @@ class WordVectors:
             out[who[starts]] = np.add.reduceat(self.vectors[rows] * self.weight[rows, None], starts, axis=0)
             _to_unit_rows(out)
         return out
+
+    def embed_one(self, text: str) -> np.ndarray:
+        """float32[dim]: embed([text])[0], in four numpy calls."""
+        index = self.index
+        rows = [i for word in _WORD_RE.findall(text.lower()) if (i := index.get(word)) is not None]
+        if not rows:
+            return np.zeros(self.dim, np.float32)
+        v = self.weight[rows] @ self.vectors[rows]
+        norm = float(np.sqrt(v @ v))
+        return v / np.float32(norm) if norm > 0 else v
 
     def by_stem(self, stem) -> tuple[dict[str, int], np.ndarray]:
         """(stem -> row, unit rows): each stem's words averaged ("paint", "painting", "painted" ->
@@ -105,9 +117,27 @@ class StaticEmbedder:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), np.float32)
+        if len(texts) == 1:  # a query (see WordVectors.embed)
+            return self._embed_one(texts[0])
         words = self.vectors.embed(texts) * np.float32(self.STATIC_SHARE ** 0.5)
         hashed = fastpath.hash_embed(list(texts), self.HASH_DIM) * np.float32((1.0 - self.STATIC_SHARE) ** 0.5)
         return _to_unit_rows(np.concatenate([words, hashed], axis=1))  # no known word: the hash alone
+
+    def _embed_one(self, text: str) -> np.ndarray:
+        """embed([text]): both parts are unit (or zero) rows, so the joined row's length is known."""
+        out = np.empty((1, self.dim), np.float32)
+        d = self.vectors.dim
+        share = self.STATIC_SHARE
+        words = self.vectors.embed_one(text)
+        hashed = fastpath.hash_embed([text], self.HASH_DIM)[0]
+        has_words, has_hash = bool(words.any()), bool(hashed.any())
+        norm = ((share if has_words else 0.0) + ((1.0 - share) if has_hash else 0.0)) ** 0.5
+        if norm == 0:
+            out[:] = 0.0
+            return out
+        np.multiply(words, np.float32(share ** 0.5 / norm), out=out[0, :d])
+        np.multiply(hashed, np.float32((1.0 - share) ** 0.5 / norm), out=out[0, d:])
+        return out
 
 
 def distill(path: Path = TABLE, dim: int = DIM) -> int:

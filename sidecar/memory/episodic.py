@@ -30,6 +30,7 @@ names. Tuned on LoCoMo conversations 1-5 (bench/recall.py --offline compares kno
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
 import re
 import threading
@@ -64,6 +65,7 @@ MAX_USERS = 2048  # users kept in memory; an evicted one is rebuilt from rows on
 MAX_TURNS_PER_USER = 4096
 MAX_TOTAL_TURNS = 262_144
 BM25_K1, BM25_B = 1.2, 0.75
+_SERIALS = itertools.count()
 
 
 @dataclass(frozen=True, slots=True)
@@ -571,9 +573,10 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
     bodies: list[bytes | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.serial = next(_SERIALS)  # tells this index from a later one that reuses its id()
         self._win_key: tuple | None = None  # (rows, decay) the cached window length norm is for
         self._win_norm = np.zeros(0, np.float32)
-        self._said_mask: np.ndarray | None = None  # _said(): per table stem, whether the user says it
+        self._said_rows: set[int] = set()  # _said(): the table rows (_stem_vectors) of the stems the user says
         self._said_upto = 0  # words counted into it
         self._prior_key: tuple | None = None  # (rows, knobs) the cached per-turn prior is for
         self._prior = np.ones(0)
@@ -984,31 +987,30 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         return out
 
     def _first_said(self, rows: np.ndarray, k: int, exclude: set[str]) -> list[str]:
-        """The first k stems of these table rows that this user says, those in `exclude` left out."""
+        """The first k stems of these table rows that this user says, those in `exclude` left out (a
+        plain loop: the rows are a few dozen, and it stops at the k-th)."""
         if k <= 0 or not len(rows):
             return []
         keys = _stem_vectors()[1]
         said = self._said()
         out: list[str] = []
-        for i in rows[said[rows]][: k + len(exclude)].tolist():  # at most len(exclude) of them are left out
-            if keys[i] not in exclude:
+        for i in rows.tolist():
+            if i in said and keys[i] not in exclude:
                 out.append(keys[i])
                 if len(out) == k:
                     break
         return out
 
-    def _said(self) -> np.ndarray:
-        """Per table stem (_stem_vectors), whether this user says it; brought up to date with the terms
+    def _said(self) -> set[int]:
+        """The table rows (_stem_vectors) of the stems this user says; brought up to date with the terms
         added since the last call (the vocabulary only grows; a compacted index starts its own)."""
-        index, keys, _ = _stem_vectors()
-        if self._said_mask is None:
-            self._said_mask, self._said_upto = np.zeros(len(keys), bool), 0
+        index = _stem_vectors()[0]
         for t in self.words[self._said_upto:]:
             row = index.get(t)
             if row is not None:
-                self._said_mask[row] = True
+                self._said_rows.add(row)
         self._said_upto = len(self.words)
-        return self._said_mask
+        return self._said_rows
 
     def associated(self, query_terms: Sequence[str], names: set[str], r: Ranking) -> list[str]:
         """The assoc_terms terms the user says most with the query's terms ("hike" -> trail, view):
@@ -1059,6 +1061,7 @@ class EpisodicSource:
         self.max_turns_per_user = max(min(max_turns_per_user, max_total_turns), 4)
         self.max_total_turns = max(max_total_turns, self.max_turns_per_user)
         self._users: OrderedDict[tuple[str, str], _UserIndex] = OrderedDict()
+        self._ranked = _RankedCache()
         self._lock = threading.RLock()
         self._closing = threading.Event()
 
@@ -1158,12 +1161,18 @@ class EpisodicSource:
         """(index, rows best first, their relevance in (0, 1]) worth about budget * candidate_factor tokens."""
         r = self.ranking
         given = self._given(query_embedding)
+        key = (scope.tenant_id, scope.user_id)
+        # The same question again (an agent's tool loop rebuilds the context for one user message; a
+        # caller tries another budget) over the same turns ranks them alike: its ranking is kept.
+        memo = (query, exclude_session, r, query_embedding.tobytes() if given else None)
+        known = self._users.get(key)  # a peek without the lock, only to skip embedding for a kept ranking
         # The query vector (a model's: ~13 ms on one core) is taken outside the lock, so concurrent
         # calls for other users do not queue behind it; a model embedder keeps recent texts, so what the
         # builder embedded ahead (query_texts) or the memory source's embedding of the query is reused.
-        key = (scope.tenant_id, scope.user_id)
         text = self._query_text(key, query, given)
-        qvec = self.embedder.embed([text])[0] if text is not None else None
+        qvec = None
+        if text is not None and (known is None or self._ranked.get(known, memo) is None):
+            qvec = self.embedder.embed([text])[0]
         with self._lock:
             state = self._users.get(key)
             if state is None:
@@ -1174,25 +1183,21 @@ class EpisodicSource:
             own = len(state.session_rows.get(exclude_session, ()))
             if len(state) <= own or not query:  # nothing outside the current session to recall
                 return state, *empty
-            if given:
-                qvec = query_embedding
-            elif qvec is None:  # a user's first call: loading the index costs far more
-                qvec = self.embedder.embed([_dense_query(query, state, r)])[0]
-            score = state.rank(query, qvec, exclude_session, r)
-        finite = np.isfinite(score) & (score > 0)
-        if not finite.any():
+            ranked = self._ranked.get(state, memo)
+            if ranked is None:
+                if given:
+                    qvec = query_embedding
+                elif qvec is None:  # a user's first call: loading the index costs far more
+                    qvec = self.embedder.embed([_dense_query(query, state, r)])[0]
+                ranked = _best_first(state.rank(query, qvec, exclude_session, r), r.max_candidates)
+                self._ranked.put(state, memo, ranked)
+        order, best = ranked
+        if not len(order):
             return state, *empty
-        n_live = int(finite.sum())
-        want = min(r.max_candidates, n_live)
-        part = np.argpartition(-np.where(finite, score, -1.0), want - 1)[:want] if want < len(score) else \
-            np.arange(len(score))
-        order = part[np.argsort(-score[part], kind="stable")]
-        order = order[finite[order]]
         # Keep only as many turns as could be packed (with slack for dedup and other categories).
         cum = np.cumsum(state.tokens[order])
         keep = int(np.searchsorted(cum, max(budget_tokens, 1) * r.candidate_factor, side="right")) + 1
-        order = order[:keep]
-        return state, order, score[order] / score[order[0]]
+        return state, order[:keep], best[:keep] / best[0]
 
     def _given(self, query_embedding: np.ndarray | None) -> bool:
         """Whether the client's query vector is used (it is in a model's space, and of its size)."""
@@ -1271,6 +1276,44 @@ class EpisodicSource:
         batch.exact_keys = np.concatenate([np.array(exact, np.uint64), batch.exact_keys])
         batch.simhashes = np.concatenate([np.array(simhash, np.uint64), batch.simhashes])
         return metas
+
+
+def _best_first(score: np.ndarray, most: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, their scores): the at most `most` rows of positive finite score, best first (ties by row)."""
+    finite = np.isfinite(score) & (score > 0)
+    n_live = int(finite.sum())
+    if not n_live:
+        return np.zeros(0, np.int64), np.zeros(0)
+    want = min(most, n_live)
+    part = np.argpartition(-np.where(finite, score, -1.0), want - 1)[:want] if want < len(score) else \
+        np.arange(len(score))
+    order = part[np.argsort(-score[part], kind="stable")]
+    order = order[finite[order]]
+    return order, score[order]
+
+
+class _RankedCache:
+    """Recent rankings (_best_first of _UserIndex.rank), each valid for the index it was made on as
+    long as that index has as many turns (an index only grows; a compacted or reloaded one is another
+    object). Read and written under EpisodicSource's lock (get() also as an unlocked peek)."""
+
+    SIZE = 256  # at most ~10 KB each (600 rows): ~2.5 MB
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple, tuple[int, int, tuple[np.ndarray, np.ndarray]]] = OrderedDict()
+
+    def get(self, state: _UserIndex, memo: tuple) -> tuple[np.ndarray, np.ndarray] | None:
+        entry = self._entries.get((id(state), memo))
+        if entry is None or entry[0] != state.serial or entry[1] != len(state):
+            return None
+        return entry[2]
+
+    def put(self, state: _UserIndex, memo: tuple, ranked: tuple[np.ndarray, np.ndarray]) -> None:
+        key = (id(state), memo)
+        self._entries.pop(key, None)
+        self._entries[key] = (state.serial, len(state), ranked)
+        while len(self._entries) > self.SIZE:
+            self._entries.popitem(last=False)
 
 
 def _midnight_ms(day: int) -> int:
