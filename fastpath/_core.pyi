@@ -156,3 +156,8 @@ def encode_dropped(
     tokens: npt.ArrayLike,
     kept_sources: Sequence[str],
 ) -> bytes: ...
+def int8_dot(
+    codes: npt.ArrayLike,
+    scales: npt.ArrayLike,
+    query: npt.ArrayLike,
+) -> npt.NDArray[np.float32]: ...

@@ -19,6 +19,7 @@ from sidecar.api import context_service_pb2 as pb
 from sidecar.api import context_service_pb2_grpc as pb_grpc
 from sidecar.domain import Message, Role, Scope
 from sidecar.index.embedders import HashEmbedder
+from sidecar.index.int8 import quantize_rows
 from sidecar.memory.episodic import DEFAULT_RANKING, EpisodicSource, _UserIndex, stem, terms
 from sidecar.server import build_server
 
@@ -231,7 +232,7 @@ def test_compaction_equals_an_index_built_from_the_kept_turns(dated):
     n = len(fresh)
     # Item bytes made before the cut are kept, and are those a fresh index makes.
     assert small.sources == fresh.sources and small.item_bodies(list(range(n))) == fresh.item_bodies(list(range(n)))
-    for name in ("vectors", "tokens", "timestamps", "seqs", "roles", "speaker_of", "session_of", "year_month",
+    for name in ("codes", "scales", "tokens", "timestamps", "seqs", "roles", "speaker_of", "session_of", "year_month",
                  "day_of", "position", "doc_len", "exact", "simhash", "nbr"):
         assert np.array_equal(getattr(small, name)[:n], getattr(fresh, name)[:n]), name
     q = fastpath.hash_embed(["guitar by the lake"], 64)[0]
@@ -254,14 +255,17 @@ def test_contextual_vectors_embed_a_turn_with_its_previous_turn_and_survive_comp
               for i in range(n)]
     own, ctx = fastpath.hash_embed([m.text for m in turns], 64), fastpath.hash_embed(expect, 64)
     q = fastpath.hash_embed(["guitar by the lake"], 64)[0]
-    assert np.allclose(state.vectors[:n] @ q, 0.7 * (own @ q) + 0.3 * (ctx @ q), atol=1e-5)
-    assert not np.allclose(state.vectors[:n], own, atol=1e-3)  # the context is in it
+    mixed = 0.7 * own + 0.3 * ctx
+    assert np.array_equal(state.codes[:n], quantize_rows(mixed)[0])  # kept as int8 (sidecar.index.int8)
+    assert np.allclose(fastpath.int8_dot(state.codes[:n], state.scales[:n], q), mixed @ q, atol=0.01)
+    assert not np.allclose(state.codes[:n], quantize_rows(own)[0], atol=2)  # the context is in it
     small = state.compacted(5)
-    assert small.context_mix == 0.3 and np.array_equal(small.vectors[:len(small)], state.vectors[5:n])
+    assert small.context_mix == 0.3 and np.array_equal(small.codes[:len(small)], state.codes[5:n])
+    assert np.array_equal(small.scales[:len(small)], state.scales[5:n])
     for plain in (_UserIndex(dim=64, window=4, dated=False), _UserIndex(dim=64, window=4, dated=False, context=1,
                                                                         context_mix=0.0)):
         plain.add(turns, HashEmbedder(plain.dim), True)
-        assert np.allclose(plain.vectors[:len(plain)], fastpath.hash_embed([m.text for m in turns], 64), atol=1e-6)
+        assert np.array_equal(plain.codes[:len(plain)], quantize_rows(own)[0])
 
 
 def test_the_embedded_query_can_leave_the_speakers_names_out():

@@ -25,7 +25,9 @@ go) and a dropped final "e" ("hike"/"hiking"). Packed turns read "Ann: text"; th
 "[8 May 2023]" item per day, packed ahead of that day's turns. With a model embedder (MODEL_RANKING)
 its cosine weighs more (but for a question asking when) and the query is embedded without the speakers'
 names. Tuned on LoCoMo conversations 1-5 (bench/recall.py --offline compares knobs in seconds); about
-1 ms per query over a ~600-turn user."""
+1 ms per new question over a ~600-turn user in process. A question's ranking is kept while the user's
+turns are the same (_RankedCache): the same question again (an agent's tool loop, another budget)
+only cuts it to its budget."""
 
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ from sidecar.assembly.candidates import (
 )
 from sidecar.domain import Category, Message, Role, Scope, render_message_line
 from sidecar.index.embedders import Embedder
+from sidecar.index.int8 import quantize_rows
 from sidecar.index.word_vectors import StaticEmbedder, default_vectors
 from sidecar.text import STOPWORDS
 from sidecar.tokens import count_line, count_lines
@@ -538,7 +541,7 @@ def render_turn(speaker: str, role: Role, text: str, timestamp_ms: int, *, dated
 
 # ---------------------------------------------------------------------------------------- index
 # Per-row arrays of _UserIndex that a compaction copies as they are (session_of and nbr are renumbered).
-_ROW_ARRAYS = ("vectors", "tokens", "timestamps", "seqs", "roles", "speaker_of", "year_month", "day_of", "position",
+_ROW_ARRAYS = ("codes", "scales", "tokens", "timestamps", "seqs", "roles", "speaker_of", "year_month", "day_of", "position",
                "doc_len", "voice", "proper", "exact", "simhash")
 
 
@@ -587,8 +590,10 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         self.term_ptr = np.zeros(self.cap + 1, np.int64)
         # Each turn's vector, mixed once here with its contextual vector (the turn embedded with its
         # `context` previous turns): (1 - mix) * v.q + mix * c.q == ((1 - mix) * v + mix * c).q, so a
-        # query reads one matrix, not two (at 384 dimensions a 600-turn user's is ~0.9 MB).
-        self.vectors = np.zeros((self.cap, self.dim), np.float32)
+        # query reads one matrix, not two. Kept as int8 with a scale per row (sidecar.index.int8): at 384
+        # dimensions a 600-turn user's is ~0.23 MB, read in full by each query (float32: ~0.9 MB).
+        self.codes = np.zeros((self.cap, self.dim), np.int8)
+        self.scales = np.zeros(self.cap, np.float32)
         self.name_words: tuple[str, ...] = ()  # the speakers' names, word by word (replaced, never mutated)
         self.tokens = np.zeros(self.cap, np.int32)
         self.timestamps = np.zeros(self.cap, np.int64)
@@ -691,7 +696,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
                 ctx.append("\n".join([*(self.texts[p][-self.context_chars:] for p in prev if p >= 0), texts[row - start]]))
             mix = np.float32(self.context_mix)
             own = (np.float32(1.0) - mix) * own + mix * embedder.embed(ctx)
-        self.vectors[start:end] = own
+        self.codes[start:end], self.scales[start:end] = quantize_rows(own)
         return len(fresh)
 
     def _mark_proper(self, first: int) -> None:
@@ -884,7 +889,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             share = r.kind_dense_weight
         if qvec is not None and share > 0 and np.any(qvec):
             dense = np.zeros(n + 1, np.float32)
-            dense[:n] = self.vectors[:n] @ qvec  # the contextual share is mixed into the rows (context_mix)
+            dense[:n] = fastpath.int8_dot(self.codes[:n], self.scales[:n], qvec)  # context_mix is in the rows
             np.maximum(dense, 0.0, out=dense)
             if r.dense_neighbours:
                 dense = self.smooth(dense, decay)
