@@ -1285,15 +1285,8 @@ class EpisodicSource:
 
 def _best_first(score: np.ndarray, most: int) -> tuple[np.ndarray, np.ndarray]:
     """(rows, their scores): the at most `most` rows of positive finite score, best first (ties by row)."""
-    finite = np.isfinite(score) & (score > 0)
-    n_live = int(finite.sum())
-    if not n_live:
-        return np.zeros(0, np.int64), np.zeros(0)
-    want = min(most, n_live)
-    part = np.argpartition(-np.where(finite, score, -1.0), want - 1)[:want] if want < len(score) else \
-        np.arange(len(score))
-    order = part[np.argsort(-score[part], kind="stable")]
-    order = order[finite[order]]
+    live = np.where(np.isfinite(score) & (score > 0), score, -1.0)
+    order = fastpath.ranking_order(live)[:min(int(np.count_nonzero(live > 0)), most)]
     return order, score[order]
 
 
