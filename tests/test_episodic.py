@@ -791,6 +791,10 @@ def test_the_same_question_over_the_same_turns_reuses_its_ranking(monkeypatch):
     assert len(ranked) == 6
     fresh = EpisodicSource(_RowsStore(turns), HashEmbedder(64)).search(scope, query, "", 4000)[1]
     assert np.array_equal(grown, fresh)
+    # Forgetting the user drops their rankings too (they hold the user's questions).
+    assert any(query in key[1] for key in source._ranked._entries)
+    source.forget(scope)
+    assert not source._ranked._entries
 
 
 class _RowsStore:

@@ -1094,6 +1094,7 @@ class EpisodicSource:
             self.embedder, self.dim, self.ranking = embedder, embedder.dim, ranking
             self.takes_client_vectors = True
             self._users.clear()
+            self._ranked.clear()
 
     # ------------------------------------------------------------------ upkeep
     def on_append(self, scope: Scope, session_id: str, messages: list[Message]) -> None:
@@ -1113,12 +1114,15 @@ class EpisodicSource:
             if state.add(messages, self.embedder, self.ranking.stem) and len(state) > self.max_turns_per_user:
                 # Keep the newest three quarters, so the next compaction is a quarter of the cap away.
                 self._users[key] = state.compacted(len(state) - self.max_turns_per_user * 3 // 4)
+                self._ranked.drop(state)
             self._bound(key)
 
     def forget(self, scope: Scope) -> dict[str, int]:
         """ForgetUser hook: drop the user's index (their rows are deleted by the store)."""
         with self._lock:
             state = self._users.pop((scope.tenant_id, scope.user_id), None)
+            if state is not None:
+                self._ranked.drop(state)  # the rankings hold the user's questions
             return {"episodic_index": len(state) if state else 0}
 
     def indexed(self, scope: Scope) -> int:
@@ -1137,7 +1141,9 @@ class EpisodicSource:
         if len(rows) > self.max_turns_per_user:
             rows = rows[-(self.max_turns_per_user * 3 // 4):]
         state.add(rows, self.embedder, self.ranking.stem)
-        self._users.pop(key, None)
+        old = self._users.pop(key, None)
+        if old is not None:
+            self._ranked.drop(old)
         self._users[key] = state
         self._bound(key)
         return state
@@ -1150,7 +1156,9 @@ class EpisodicSource:
             if victim == keep:
                 self._users.move_to_end(victim)
                 victim = next(iter(self._users))
-            total -= len(self._users.pop(victim))
+            gone = self._users.pop(victim)
+            self._ranked.drop(gone)
+            total -= len(gone)
 
     def indexed_total(self) -> int:
         with self._lock:
@@ -1305,6 +1313,14 @@ class _RankedCache:
         if entry is None or entry[0] != state.serial or entry[1] != len(state):
             return None
         return entry[2]
+
+    def drop(self, state: _UserIndex) -> None:
+        """Forget the rankings made on this index (it left the source: forgotten, evicted, replaced)."""
+        for key in [k for k, entry in self._entries.items() if entry[0] == state.serial]:
+            del self._entries[key]
+
+    def clear(self) -> None:
+        self._entries.clear()
 
     def put(self, state: _UserIndex, memo: tuple, ranked: tuple[np.ndarray, np.ndarray]) -> None:
         key = (id(state), memo)
