@@ -576,7 +576,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
     bodies: list[bytes | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.serial = next(_SERIALS)  # tells this index from a later one that reuses its id()
+        self.serial = next(_SERIALS)  # names this index in _RankedCache (never reused, unlike id())
         self._win_key: tuple | None = None  # (rows, decay) the cached window length norm is for
         self._win_norm = np.zeros(0, np.float32)
         self._said_rows: set[int] = set()  # _said(): the table rows (_stem_vectors) of the stems the user says
@@ -1299,33 +1299,33 @@ def _best_first(score: np.ndarray, most: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _RankedCache:
-    """Recent rankings (_best_first of _UserIndex.rank), each valid for the index it was made on as
-    long as that index has as many turns (an index only grows; a compacted or reloaded one is another
-    object). Read and written under EpisodicSource's lock (get() also as an unlocked peek)."""
+    """Recent rankings (_best_first of _UserIndex.rank), each valid for the index it was made on (by
+    its serial: a compacted or reloaded index is another one) as long as that index has as many turns
+    (an index only grows). Read and written under EpisodicSource's lock (get() also as an unlocked peek)."""
 
     SIZE = 256  # at most ~10 KB each (600 rows): ~2.5 MB
 
     def __init__(self) -> None:
-        self._entries: OrderedDict[tuple, tuple[int, int, tuple[np.ndarray, np.ndarray]]] = OrderedDict()
+        self._entries: OrderedDict[tuple, tuple[int, tuple[np.ndarray, np.ndarray]]] = OrderedDict()
 
     def get(self, state: _UserIndex, memo: tuple) -> tuple[np.ndarray, np.ndarray] | None:
-        entry = self._entries.get((id(state), memo))
-        if entry is None or entry[0] != state.serial or entry[1] != len(state):
+        entry = self._entries.get((state.serial, memo))
+        if entry is None or entry[0] != len(state):
             return None
-        return entry[2]
+        return entry[1]
 
     def drop(self, state: _UserIndex) -> None:
         """Forget the rankings made on this index (it left the source: forgotten, evicted, replaced)."""
-        for key in [k for k, entry in self._entries.items() if entry[0] == state.serial]:
+        for key in [k for k in self._entries if k[0] == state.serial]:
             del self._entries[key]
 
     def clear(self) -> None:
         self._entries.clear()
 
     def put(self, state: _UserIndex, memo: tuple, ranked: tuple[np.ndarray, np.ndarray]) -> None:
-        key = (id(state), memo)
+        key = (state.serial, memo)
         self._entries.pop(key, None)
-        self._entries[key] = (state.serial, len(state), ranked)
+        self._entries[key] = (len(state), ranked)
         while len(self._entries) > self.SIZE:
             self._entries.popitem(last=False)
 
