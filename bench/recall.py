@@ -527,22 +527,30 @@ def write_results(figures: dict, profile: str, budgets: Sequence[int]) -> None:
                      f"turns embedded {m['turns_per_s_one_by_one']}/s one by one, {m['turns_per_s_batched']}/s batched.")
     lines.append("")
     (RESULTS / f"recall-{profile}.md").write_text("\n".join(lines))
+    plot_recall(figures, profile, budgets, RESULTS / f"recall-{profile}.png")
+
+
+def plot_recall(figures: dict, profile: str, budgets: Sequence[int], path: Path) -> bool:
+    """Recall vs budget, ours beside the recency baseline, as a PNG at `path`; False (nothing drawn)
+    without matplotlib (the optional `plot` extra)."""
     try:
         import matplotlib  # type: ignore[import-not-found]
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # type: ignore[import-not-found]
     except ImportError:
-        return
+        return False
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot(budgets, [figures["recall"][str(b)] for b in budgets], marker="o", label=f"episodic ({profile})")
     ax.plot(budgets, [figures["recency"][str(b)] for b in budgets], marker="o", label="recency")
     ax.set(xscale="log", xlabel="soft-zone budget (tokens)", ylabel="evidence recall", ylim=(0, 1))
     ax.set_xticks(list(budgets), [f"{b // 1000}k" for b in budgets])
     ax.minorticks_off()
-    ax.legend()
+    ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(RESULTS / f"recall-{profile}.png", dpi=120)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def main() -> None:

@@ -534,6 +534,17 @@ def test_recall_metric_on_a_tiny_file(running, tmp_path):
     assert figures["build_p50_ms"] > 0
 
 
+def test_recall_plot_is_a_png_and_is_skipped_without_matplotlib(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    figures = {"recall": {"2000": 0.92, "4000": 0.96}, "recency": {"2000": 0.09, "4000": 0.2}}
+    path = tmp_path / "recall.png"
+    assert recall.plot_recall(figures, "default", (2000, 4000), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the `plot` extra were not installed
+    assert not recall.plot_recall(figures, "default", (2000, 4000), tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()
+
+
 def test_recency_baseline_skips_what_does_not_fit():
     conv = recall.load(TINY)[0]
     assert recall.recency_ids(conv, 0) == set()
