@@ -395,19 +395,19 @@ def parse_ranking(spec: str, base=DEFAULT_RANKING):
 def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[str, str]],
                      budgets: Sequence[int] = BUDGETS, ranking=None) -> dict:
     """The metric of evaluate() with BuildContext called in process (no gRPC), for tuning; `ranking`
-    (a Ranking) replaces the episodic source's knobs and its indexes are rebuilt from rows."""
+    (a Ranking) replaces the episodic source's knobs (EpisodicSource.set_ranking)."""
     from sidecar.assembly.budget import Budget
     from sidecar.assembly.builder import BuildRequest
     from sidecar.domain import Scope
 
     source = app.episodic
     if ranking is not None and ranking != source.ranking:
-        source.ranking = ranking
-        source._users.clear()
+        source.set_ranking(ranking)
     ours = Tally()
     by_cat = {c: Tally() for c in CATEGORIES}
     by_half = {"conv_1_5": Tally(), "conv_6_10": Tally()}
     spent: list[float] = []
+    per_question: dict[int, list[float]] = {b: [] for b in budgets}
     for conv in convs:
         scope = Scope(TENANT, f"conv-{conv.index}")
         by_message = maps[conv.index]
@@ -432,11 +432,21 @@ def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[st
                         present |= {by_message.get(m, "") for m in it.source_message_ids}
                 for tally in (ours, by_cat[q.category], half):
                     tally.add(b, q.evidence, present)
+                per_question[b].append(sum(e in present for e in q.evidence) / len(q.evidence))
     recall, complete = ours.figures(budgets)
     return {"questions": ours.n, "recall": recall, "all_evidence": complete,
             "by_category": {str(c): by_cat[c].figures(budgets)[0] for c in CATEGORIES if by_cat[c].n},
             "halves": {k: t.figures(budgets)[0] for k, t in by_half.items() if t.n},
-            "build_ms": percentiles(spent) if spent else {}}
+            "build_ms": percentiles(spent) if spent else {}, "per_question": per_question}
+
+
+def best_of(runs: Sequence[dict]) -> dict[str, float]:
+    """Per budget, the recall of picking for each question whichever run recalled most of its evidence:
+    knowing the answers, so an upper bound on choosing among these rankings per question (how much a
+    family of knobs could still give), not a method."""
+    budgets = runs[0]["per_question"]
+    return {str(b): round(sum(map(max, zip(*(r["per_question"][b] for r in runs), strict=True)))
+                          / max(len(runs[0]["per_question"][b]), 1), 4) for b in budgets}
 
 
 # ---------------------------------------------------------------------------------------- server
@@ -562,7 +572,9 @@ def main() -> None:
     parser.add_argument("--commit", choices=("turn", "session"), default="turn")
     parser.add_argument("--offline", metavar="CACHE_DIR",
                         help="tuning: replay once into CACHE_DIR, then call BuildContext in process (no results written)")
-    parser.add_argument("--ranking", default="", help="with --offline: episodic knobs, e.g. neighbours=3,dense_weight=0.1")
+    parser.add_argument("--ranking", action="append", default=[],
+                        help="with --offline: episodic knobs, e.g. neighbours=3,dense_weight=0.1; given more than once, "
+                             "each is evaluated and `best_of` says what picking the best of them per question would recall")
     args = parser.parse_args()
     path = Path(args.data)
     if not path.exists():
@@ -578,9 +590,15 @@ def main() -> None:
         app, maps = offline_app(Path(args.offline), convs, args.profile)
         try:
             base = MODEL_RANKING if args.profile == "model" else DEFAULT_RANKING
-            figures = offline_evaluate(app, convs, maps, budgets, parse_ranking(args.ranking, base))
+            runs = [offline_evaluate(app, convs, maps, budgets, parse_ranking(spec, base)) for spec in args.ranking or [""]]
         finally:
             app.close()
+        for spec, run in zip(args.ranking, runs, strict=False):
+            print(f"{spec or '(as shipped)'}: recall {run['recall']}")
+        figures = {k: v for k, v in runs[0].items() if k != "per_question"}
+        if len(runs) > 1:
+            figures = {"rankings": {spec: {k: v for k, v in run.items() if k != "per_question"}
+                                    for spec, run in zip(args.ranking, runs, strict=True)}, "best_of": best_of(runs)}
         emit(figures)
         return
     before = yardstick_ms()

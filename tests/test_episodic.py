@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -269,8 +270,6 @@ def test_contextual_vectors_embed_a_turn_with_its_previous_turn_and_survive_comp
 
 
 def test_the_embedded_query_can_leave_the_speakers_names_out():
-    from dataclasses import replace
-
     from sidecar.memory.episodic import _dense_query
 
     state = _UserIndex(dim=64, window=4, dated=False)
@@ -439,8 +438,6 @@ def test_a_possessive_names_the_speaker():
 
 
 def test_terms_said_with_the_query_terms_widen_it():
-    from dataclasses import replace
-
     from sidecar.memory.episodic import Ranking
 
     hikes = [("Ann", "Went hiking up the ridge trail, what a view."), ("Bob", "Nice."),
@@ -469,6 +466,11 @@ def test_offline_mode_matches_the_grpc_metric(tmp_path):
         figures = recall.offline_evaluate(app, convs, maps, (2000, 20))
         assert figures["questions"] == 3
         assert figures["recall"]["2000"] == 1.0 and figures["recall"]["20"] < 1.0
+        # best_of: per question the better of the runs (an upper bound on picking between rankings).
+        assert recall.best_of([figures, figures]) == figures["recall"]
+        other = {"per_question": {2000: [0.0, 0.0, 0.0], 20: [1.0, 1.0, 0.0]}}
+        assert recall.best_of([figures, other]) == {"2000": 1.0, "20": round(
+            sum(max(a, b) for a, b in zip(figures["per_question"][20], [1.0, 1.0, 0.0], strict=True)) / 3, 4)}
         narrowed = recall.offline_evaluate(app, convs, maps, (2000,), recall.parse_ranking("neighbours=2,stem=false"))
         assert app.episodic.ranking.neighbours == 2 and not app.episodic.ranking.stem
         assert narrowed["recall"]["2000"] == 1.0
@@ -591,8 +593,6 @@ def test_a_turn_naming_someone_or_something_is_boosted():
 
 
 def test_similar_words_widen_the_query():
-    from dataclasses import replace
-
     from sidecar.memory.episodic import Ranking, similar_rows, table_stems
 
     near = [table_stems(rows) for rows in similar_rows([stem("married"), "zzqx"], 0.4)]
@@ -634,8 +634,6 @@ def test_warm_up_stops_once_closed_and_the_app_waits_for_it(tmp_path):
     """The warm-up's numpy work must not outlive the process (a daemon thread inside BLAS at exit
     crashed a sidecar stopped within a second of its start): closed, it computes nothing more, and
     Sidecar.close() returns only once the thread is gone."""
-    from dataclasses import replace
-
     from sidecar import app as app_module
     from sidecar.memory import episodic
 
@@ -650,8 +648,6 @@ def test_warm_up_stops_once_closed_and_the_app_waits_for_it(tmp_path):
 
 
 def test_concept_kin_widens_a_category_word_through_the_word_vectors():
-    from dataclasses import replace
-
     from sidecar.memory.episodic import CONCEPTS, Ranking, concept_rows, table_stems
 
     def concept_stems(concept: str, min_cosine: float) -> tuple[str, ...]:
@@ -685,8 +681,6 @@ def test_a_question_for_kinds_of_things_is_told_apart():
 
 
 def test_a_question_for_kinds_gives_meaning_its_own_share():
-    from dataclasses import replace
-
     from sidecar.memory.episodic import Ranking
 
     state = _index([(MAY_8, [("Ann", "I went to Paris and Rome."), ("Bob", "Which one was best?"),
@@ -701,8 +695,6 @@ def test_a_question_for_kinds_gives_meaning_its_own_share():
 
 
 def test_a_question_asking_when_gives_meaning_its_own_share():
-    from dataclasses import replace
-
     from sidecar.memory.episodic import Ranking, asks_when
 
     assert [asks_when(q) for q in ("When did Ann move?", " when is the party", "How long has Bob lived here?")] \
@@ -720,8 +712,6 @@ def test_a_question_asking_when_gives_meaning_its_own_share():
         assert np.allclose(own, lexical) is when and np.allclose(own, plain) is not when, q
 
 def test_feedback_from_the_best_turns_widens_the_query():
-    from dataclasses import replace
-
     from sidecar.memory.episodic import Ranking
 
     first = [("Ann", "My pottery class made a glazed bowl."), ("Bob", "Nice."), ("Ann", "I bought a new lamp.")]
@@ -752,8 +742,6 @@ def test_similar_words_follow_the_users_vocabulary_as_it_grows():
 def test_rank_after_more_turns_or_other_knobs_equals_a_fresh_index():
     """The per-turn prior and the window norms are cached between queries: turns added since, or other
     knobs, must give exactly what an index built from scratch gives."""
-    from dataclasses import replace
-
     turns = _turns(4, 6)
     q, query = fastpath.hash_embed(["guitar by the lake"], 64)[0], "guitar by the lake"
     grown = _UserIndex(dim=64, window=4, dated=False)
@@ -806,6 +794,27 @@ def test_the_same_question_over_the_same_turns_reuses_its_ranking(monkeypatch):
     assert any(query in key[1] for key in source._ranked._entries)
     source.forget(scope)
     assert not source._ranked._entries
+
+
+def test_new_knobs_rebuild_a_users_index_only_when_it_is_built_with_them():
+    """set_ranking (tuning): a knob that only weighs what an index holds keeps the index and ranks as a
+    source built with it from the start; a knob the index is built with (its window, contextual
+    vectors, stemming) rebuilds it from rows."""
+    turns = _turns(4, 6)
+    scope, query = Scope("t", "u"), "guitar by the lake"
+    source = EpisodicSource(_RowsStore(turns), HashEmbedder(64))
+    source.search(scope, query, "", 4000)
+    index = source._users[("t", "u")]
+    for knobs in (dict(dense_weight=0.6, speaker_boost=0.2), dict(neighbours=2), dict(stem=False), dict(embed_context=0)):
+        ranking = replace(DEFAULT_RANKING, **knobs)
+        source.set_ranking(ranking)
+        _, rows, rel = source.search(scope, query, "", 4000)
+        kept = source._users[("t", "u")] is index
+        assert kept == ("dense_weight" in knobs), knobs
+        _, fresh_rows, fresh_rel = EpisodicSource(_RowsStore(turns), HashEmbedder(64), ranking=ranking).search(
+            scope, query, "", 4000)
+        assert np.array_equal(rows, fresh_rows) and np.allclose(rel, fresh_rel), knobs
+        index = source._users[("t", "u")]
 
 
 class _RowsStore:
