@@ -805,7 +805,8 @@ def test_new_knobs_rebuild_a_users_index_only_when_it_is_built_with_them():
     source = EpisodicSource(_RowsStore(turns), HashEmbedder(64))
     source.search(scope, query, "", 4000)
     index = source._users[("t", "u")]
-    for knobs in (dict(dense_weight=0.6, speaker_boost=0.2), dict(neighbours=2), dict(stem=False), dict(embed_context=0)):
+    weights = dict(dense_weight=0.6, speaker_boost=0.2, prev_decay=0.3, opener_boost=0.1, similar_min=0.5)
+    for knobs in (weights, dict(neighbours=2), dict(stem=False), dict(embed_context=0)):
         ranking = replace(DEFAULT_RANKING, **knobs)
         source.set_ranking(ranking)
         _, rows, rel = source.search(scope, query, "", 4000)
