@@ -595,11 +595,9 @@ def main() -> None:
             app.close()
         for spec, run in zip(args.ranking, runs, strict=False):
             print(f"{spec or '(as shipped)'}: recall {run['recall']}")
-        figures = {k: v for k, v in runs[0].items() if k != "per_question"}
-        if len(runs) > 1:
-            figures = {"rankings": {spec: {k: v for k, v in run.items() if k != "per_question"}
-                                    for spec, run in zip(args.ranking, runs, strict=True)}, "best_of": best_of(runs)}
-        emit(figures)
+        totals = [{k: v for k, v in run.items() if k != "per_question"} for run in runs]
+        emit(totals[0] if len(runs) == 1 else
+             {"rankings": dict(zip(args.ranking, totals, strict=True)), "best_of": best_of(runs)})
         return
     before = yardstick_ms()
     serve_args = ["--embedder", "minilm" if args.profile == "model" else "hash"]
