@@ -113,7 +113,8 @@ class CompressionService:
                        created_at_ms=now_ms())
         notes = [*existing, note]
         s = self.settings
-        if len(notes) > s.max_notes_per_run or sum(n.tokens for n in notes) > s.max_note_tokens_per_run:
+        over = len(notes) > s.max_notes_per_run or sum(n.tokens for n in notes) > s.max_note_tokens_per_run
+        if over and len(notes) > s.keep_newest_notes:  # else nothing is old enough to fold (one long note)
             folded, kept = notes[: -s.keep_newest_notes], notes[-s.keep_newest_notes:]
             summary = self.summarizer.update(None, [Turn(n.note_id, "assistant", n.text) for n in folded],
                                              max_tokens=s.note_summary_tokens, count_tokens=tokens.count_tokens)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import logging
 import math
 import re
 import threading
@@ -69,6 +70,7 @@ MAX_TURNS_PER_USER = 4096
 MAX_TOTAL_TURNS = 262_144
 BM25_K1, BM25_B = 1.2, 0.75
 _SERIALS = itertools.count()
+log = logging.getLogger("sidecar.episodic")
 
 
 @dataclass(frozen=True, slots=True)
@@ -740,11 +742,13 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         if end > len(self.term_at):
             self.term_at = np.concatenate([self.term_at, np.zeros(max(end, len(self.term_at)), np.int32)])
         if row + 2 > len(self.term_ptr):
-            self.term_ptr = np.concatenate([self.term_ptr, np.zeros(len(self.term_ptr), np.int64)])
+            self.term_ptr = np.concatenate([self.term_ptr, np.zeros(max(row + 2, len(self.term_ptr)), np.int64)])
         self.term_at[start:end] = ids
         self.term_ptr[row + 1] = end
-        if len(self.words) > len(self.term_df):
-            self.term_df = np.concatenate([self.term_df, np.zeros(len(self.term_df), np.int32)])
+        if len(self.words) > len(self.term_df):  # one turn may bring any number of new terms
+            grown = np.zeros(max(len(self.words), 2 * len(self.term_df)), np.int32)
+            grown[: len(self.term_df)] = self.term_df
+            self.term_df = grown
         self.term_df[ids] += 1
 
     def compacted(self, start: int) -> _UserIndex:
@@ -1125,14 +1129,28 @@ class EpisodicSource:
         with self._lock:
             key = (scope.tenant_id, scope.user_id)
             state = self._users.get(key)
-            if state is None:
-                self._load(scope)
+            try:
+                if state is None:
+                    self._load(scope)
+                    return
+                if state.add(messages, self.embedder, self.ranking.stem) and len(state) > self.max_turns_per_user:
+                    # Keep the newest three quarters, so the next compaction is a quarter of the cap away.
+                    self._users[key] = state.compacted(len(state) - self.max_turns_per_user * 3 // 4)
+                    self._ranked.drop(state)
+            except Exception:
+                # The rows are committed: the call must not fail, and a half-updated index must not be
+                # searched. Drop it; the user's next search rebuilds it from rows.
+                log.exception("episodic index update failed for a user; rebuilt from rows on next use")
+                self.drop_user(scope)
                 return
-            if state.add(messages, self.embedder, self.ranking.stem) and len(state) > self.max_turns_per_user:
-                # Keep the newest three quarters, so the next compaction is a quarter of the cap away.
-                self._users[key] = state.compacted(len(state) - self.max_turns_per_user * 3 // 4)
-                self._ranked.drop(state)
             self._bound(key)
+
+    def drop_user(self, scope: Scope) -> None:
+        """Forget the user's in-memory index (rebuilt from rows when next needed)."""
+        with self._lock:
+            state = self._users.pop((scope.tenant_id, scope.user_id), None)
+            if state is not None:
+                self._ranked.drop(state)
 
     def forget(self, scope: Scope) -> dict[str, int]:
         """ForgetUser hook: drop the user's index (their rows are deleted by the store)."""

@@ -8,6 +8,7 @@ so reads never see a state the database does not have.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -40,6 +41,8 @@ MAX_CACHED_SESSIONS = 20_000
 MAX_CACHED_VIEW_MESSAGES = 100_000
 MAX_CACHED_TOOL_RESULTS = 20
 MESSAGE_LINE_EXTRA = 1  # the newline that separates a message line from the next one in a prompt
+
+log = logging.getLogger("sidecar.store")
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +245,10 @@ class CachingStore:
                     self._view_messages += len(view.messages) - before
                     self._trim()
             for listener in self.append_listeners:
-                listener(scope, session_id, stored)
+                try:
+                    listener(scope, session_id, stored)
+                except Exception:  # the rows are committed: an index's failure must not fail the write
+                    log.exception("append listener %r failed", listener)
             return stored
 
     def write_facts(self, scope: Scope, session_id: str, upserts: Sequence[Fact], deletes: Sequence[tuple[str, int]],
