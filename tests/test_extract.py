@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from sidecar.memory.extract import Extractor, MemoryCandidate, RuleBasedExtractor
+from sidecar.memory.extract import Extractor, MemoryCandidate, RuleBasedExtractor, derive_subject
 from sidecar.textmodel import Turn
 
 
@@ -33,6 +33,7 @@ def extract_one(text: str, role: str = "user") -> list[MemoryCandidate]:
         ("We use postgres 15.", "semantic", "database"),
         ("My team owns payment-api.", "semantic", "owns:payment-api"),
         ("我负责 order-service", "semantic", "owns:order-service"),
+        ("My team owns the prod payment-api.", "semantic", "owns:payment-api"),
     ],
 )
 def test_user_statements(text: str, ctype: str, subject: str | None) -> None:
@@ -47,7 +48,7 @@ def test_user_statements(text: str, ctype: str, subject: str | None) -> None:
     assert c.confidence == (0.9 if ctype == "preference" else 0.8)
     if subject is not None:
         assert c.subject == subject
-    assert c.subject
+    assert c.subject and c.subject == derive_subject(text.strip(), ctype)  # one rule, shared with AddMemory
 
 
 @pytest.mark.parametrize(
@@ -63,6 +64,34 @@ def test_user_statements(text: str, ctype: str, subject: str | None) -> None:
 def test_conflicting_statements_share_a_subject(a: str, b: str) -> None:
     (ca,), (cb,) = extract_one(a), extract_one(b)
     assert ca.subject == cb.subject
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "subject"),
+    [
+        ("default env is staging", "preference", "default_env"),
+        ("我改主意了，默认看测试环境", "preference", "default_env"),
+        ("默认环境是测试环境", "preference", "default_env"),
+        ("My manager is Bob", "semantic", "manager"),
+        ("我的经理是李四", "semantic", "经理"),
+        ("I live in Boston", "semantic", "location"),
+        ("I moved to Denver.", "semantic", "location"),
+        ("I'm now based in Berlin", "habit", "location"),
+        ("我住在北京", "semantic", "location"),
+        ("我搬到深圳了", "semantic", "location"),
+        ("I moved to AWS last year", "semantic", "cloud"),  # a known topic before the place
+        ("I lived in Boston", "semantic", ""),  # history, not where the user is now
+        ("I like tea", "preference", "tea"),
+        ("I like hiking", "preference", "hiking"),
+        ("我喜欢爬山", "preference", "爬山"),
+        ("I'm responsible for prod", "semantic", "owns:prod"),
+        ("Owns the production billing cache", "semantic", "owns:prod_billing_cache"),
+        ("Works on payment api retries", "semantic", ""),  # no cue: no key from leading words
+        ("payment-api went down, fixed by rollback", "episode", ""),  # events never supersede
+    ],
+)
+def test_derive_subject(text: str, kind: str, subject: str) -> None:
+    assert derive_subject(text, kind) == subject
 
 
 def test_weak_cues_get_low_confidence() -> None:

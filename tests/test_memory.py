@@ -101,6 +101,74 @@ def test_add_search_update_delete_history(stub, scope):
                   grpc.StatusCode.NOT_FOUND, "memory_id")
 
 
+def _add(stub, scope, mtype, content, subject=""):
+    return stub.AddMemory(pb.AddMemoryRequest(scope=scope, type=mtype, content=content, subject=subject))
+
+
+def _expect_both_current(stub, scope, first, second):
+    assert first.outcome == second.outcome == pb.WRITE_OUTCOME_CREATED and not second.superseded_id
+    assert {m.memory_id for m in _memories(stub, scope)} == {first.memory.memory_id, second.memory.memory_id}
+
+
+@pytest.mark.parametrize(("mtype", "contents", "subject"), [
+    (pb.MEMORY_TYPE_PREFERENCE, ["default env is staging", "default env is production"], "default_env"),
+    (pb.MEMORY_TYPE_PREFERENCE, ["我默认看生产环境", "我改主意了，默认看测试环境", "默认环境是预发环境"], "default_env"),
+    (pb.MEMORY_TYPE_SEMANTIC, ["My manager is Alice", "My manager is Bob"], "manager"),
+    (pb.MEMORY_TYPE_SEMANTIC, ["我的经理是张三", "我的经理是李四"], "经理"),
+    (pb.MEMORY_TYPE_SEMANTIC, ["I live in Boston", "I moved to Denver"], "location"),
+    (pb.MEMORY_TYPE_SEMANTIC, ["我住在北京", "我搬到深圳了"], "location"),
+], ids=["env-en", "env-zh", "manager-en", "manager-zh", "location-en", "location-zh"])
+def test_add_memory_without_subject_supersedes_on_the_derived_one(stub, scope, mtype, contents, subject):
+    """The proto derives the subject from the content when none is given: the extractor's rule, so a
+    later contradicting AddMemory supersedes the earlier one as an extracted memory would."""
+    first = _add(stub, scope, mtype, contents[0])
+    assert first.outcome == pb.WRITE_OUTCOME_CREATED and first.memory.subject == subject
+    previous = first.memory.memory_id
+    for content in contents[1:]:
+        answer = _add(stub, scope, mtype, content)
+        assert answer.outcome == pb.WRITE_OUTCOME_SUPERSEDED_OLDER, content
+        assert answer.superseded_id == previous and answer.memory.subject == subject
+        previous = answer.memory.memory_id
+    [active] = _memories(stub, scope)
+    assert (active.content, active.memory_id) == (contents[-1], previous)
+    older = [m for m in _memories(stub, scope, inactive=True) if m.memory_id != previous]
+    assert len(older) == len(contents) - 1 and all(m.status == pb.MEMORY_STATUS_SUPERSEDED for m in older)
+
+
+@pytest.mark.parametrize(("mtype", "a", "b"), [
+    # Preferences about different things: the key is what follows the cue ("tea" vs "hiking").
+    (pb.MEMORY_TYPE_PREFERENCE, "I like tea", "I like hiking"),
+    (pb.MEMORY_TYPE_PREFERENCE, "我喜欢喝茶", "我喜欢爬山"),
+    (pb.MEMORY_TYPE_SEMANTIC, "My manager is Alice", "My mentor is Bob"),
+    (pb.MEMORY_TYPE_SEMANTIC, "My manager is Alice", "I live in Boston"),
+    # Owning two production things: the environment is not what is owned.
+    (pb.MEMORY_TYPE_SEMANTIC, "Owns the production billing cache", "Owns the production refund queue"),
+    # No cue at all: no key (a key from the leading words, "works_payment_api", would collide).
+    (pb.MEMORY_TYPE_SEMANTIC, "Works on payment api retries", "Works on payment api dashboards"),
+    # Episodes are events: a second incident on payment-api does not undo the first.
+    (pb.MEMORY_TYPE_EPISODE, "payment-api 5xx after a config push, fixed by rollback",
+     "payment-api 5xx after a node drain, fixed by scaling out"),
+], ids=["like-en", "like-zh", "manager-mentor", "manager-location", "owns-env", "no-cue", "episodes"])
+def test_add_memory_without_subject_keeps_unrelated_memories(stub, scope, mtype, a, b):
+    _expect_both_current(stub, scope, _add(stub, scope, mtype, a), _add(stub, scope, mtype, b))
+
+
+def test_derived_subjects_conflict_only_within_a_type(stub, scope):
+    pref = _add(stub, scope, pb.MEMORY_TYPE_PREFERENCE, "default env is staging")
+    fact = _add(stub, scope, pb.MEMORY_TYPE_SEMANTIC, "default env is production")
+    assert pref.memory.subject == fact.memory.subject == "default_env"
+    _expect_both_current(stub, scope, pref, fact)
+
+
+def test_add_memory_given_subject_wins_over_the_derived_one(stub, scope):
+    alice = _add(stub, scope, pb.MEMORY_TYPE_SEMANTIC, "My manager is Alice", subject="Reports To")
+    bob = _add(stub, scope, pb.MEMORY_TYPE_SEMANTIC, "My manager is Bob")
+    assert (alice.memory.subject, bob.memory.subject) == ("reports to", "manager")
+    assert bob.outcome == pb.WRITE_OUTCOME_CREATED and len(_memories(stub, scope)) == 2
+    carol = _add(stub, scope, pb.MEMORY_TYPE_SEMANTIC, "Carol now", subject="reports to")
+    assert carol.outcome == pb.WRITE_OUTCOME_SUPERSEDED_OLDER and carol.superseded_id == alice.memory.memory_id
+
+
 def test_expired_never_recalled_but_listed_with_flag(stub, scope):
     stub.AddMemory(pb.AddMemoryRequest(scope=scope, type=pb.MEMORY_TYPE_SEMANTIC,
                                        content="Temporary freeze on payment-api deploys", expires_at_ms=1000))

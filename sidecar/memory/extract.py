@@ -7,8 +7,9 @@ must see a secret to reject the candidate with reason ``secret``. Weak cues ("ma
 "也许") lower confidence below the default 0.7 filter threshold.
 
 ``subject`` is a stable key used to detect conflicting memories: known topics map to fixed
-keys (``answer_style``, ``language``, ``default_env``, ``editor``, ``name``, ...); other
-statements get a key built from their main noun phrase (``prod_cluster``, ``owns:payment-api``).
+keys (``answer_style``, ``language``, ``default_env``, ``editor``, ``name``, ``location``, ...);
+other statements get a key built from their main noun phrase (``prod_cluster``, ``manager``,
+``owns:payment-api``). ``derive_subject`` is that rule; AddMemory without a subject uses it too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Literal, Protocol
 
 from sidecar.llm import ChatClient, LLMError, parse_json_content
 from sidecar.secrets import redact
-from sidecar.textmodel import Turn, find_entities, is_low_information, sentences
+from sidecar.textmodel import Turn, find_entities, find_environments, is_low_information, sentences
 
 CandidateType = Literal["preference", "episode", "habit", "semantic"]
 Authority = Literal["USER_STATED", "TOOL_VERIFIED", "INFERRED"]
@@ -120,6 +121,15 @@ _TOPICS: list[tuple[str, re.Pattern[str]]] = [
         re.compile(r"\b(?:postgres(?:ql)?|mysql|mariadb|mongodb|mongo|dynamodb|sqlite|oracle)\b", re.I),
     ),
     ("cloud", re.compile(r"\b(?:aws|gcp|azure|aliyun|alibaba\s+cloud)\b|阿里云|腾讯云", re.I)),
+    # Last, so "I moved to AWS" stays ``cloud``; present tense only ("I lived in Boston" is history).
+    (
+        "location",
+        re.compile(
+            r"\bi(?:\s+(?:now\s+|still\s+)?live|(?:\s+am|'m)\s+(?:now\s+)?(?:living|based))\s+(?:in|at|near)\b|"
+            r"\bi(?:\s+have|'ve)?\s+(?:just\s+)?(?:moved|relocated)\s+to\b|我(?:现在)?住在|我(?:已经)?搬(?:家)?(?:到|去)",
+            re.I,
+        ),
+    ),
 ]
 _OWNERSHIP_RE = re.compile(r"\bowns\b|\bi\s+own\b|responsible\s+for|\bmaintain|负责|维护", re.I)
 
@@ -137,8 +147,9 @@ _STOPWORDS = frozenset(
     "the a an our my we i is are was were to of for in on at and or it this that with be main primary "
     "use uses using run runs running".split()
 )
-_EN_NP_RE = re.compile(r"\bour\s+((?:[\w-]+\s+){0,3}?)(?:is|are|runs|run|uses|use|lives|sits)\b", re.I)
-_CN_NP_RE = re.compile(r"我们的([^\s，,。是用在为]{1,12}?)(?:是|用|在|为|跑在|部署在)")
+# "our prod cluster is ..." and "my manager is ...": the noun phrase is the key, the rest its value.
+_EN_NP_RE = re.compile(r"\b(?:our|my)\s+((?:[\w-]+\s+){0,3}?)(?:is|are|runs|run|uses|use|lives|sits)\b", re.I)
+_CN_NP_RE = re.compile(r"我们?的([^\s，,。是用在为]{1,12}?)(?:是|用|在|为|跑在|部署在)")
 _CN_TERMS_RE = re.compile("|".join(sorted((k for k in _SYNONYMS if not k.isascii()), key=len, reverse=True)))
 _KEY_TOKEN_RE = re.compile(r"[a-z0-9][a-z0-9_-]*|[\u4e00-\u9fff]+")
 
@@ -149,20 +160,39 @@ def _normalise_key(phrase: str) -> str:
     return "_".join(words[:3])
 
 
-def _subject(sentence: str, kind: str) -> str:
-    if kind == "semantic" and _OWNERSHIP_RE.search(sentence):
-        ents = find_entities(sentence)
-        return "owns:" + (ents[0] if ents else _normalise_key(_OWNERSHIP_RE.split(sentence, 1)[-1]))
+_TRIGGERS = {"preference": _PREFERENCE_RE, "habit": _HABIT_RE, "semantic": _SEMANTIC_RE}
+
+
+def _owned(text: str) -> str:
+    """What an ownership statement is about: its first service/host name, else the words after the verb.
+    An environment is a qualifier ("the prod payment db"), not the thing owned: keyed on it, owning
+    two production things would make one supersede the other."""
+    envs = set(find_environments(text))
+    names = [e for e in find_entities(text) if e not in envs]
+    return names[0] if names else _normalise_key(_OWNERSHIP_RE.split(text, 1)[-1])
+
+
+def derive_subject(text: str, kind: str) -> str:
+    """The conflict key of a statement of `kind` (a candidate type); "" when it has none.
+
+    Shared by the extractor and the write path (AddMemory without a subject), so both key a
+    statement alike. In order: ownership (semantic), a known topic, "my/our <noun phrase> is", the
+    words after the kind's cue ("I like tea" -> ``tea``, so "I like hiking" does not supersede it).
+    Text with no cue of its kind gets "": a key from arbitrary leading words would make unrelated
+    memories supersede each other. Episodes get "" too: a later incident does not undo an earlier one.
+    """
+    trigger = _TRIGGERS.get(kind)
+    if trigger is None:
+        return ""
+    if kind == "semantic" and _OWNERSHIP_RE.search(text) and (owned := _owned(text)):
+        return "owns:" + owned
     for key, rx in _TOPICS:
-        if rx.search(sentence):
+        if rx.search(text):
             return key
-    m = _EN_NP_RE.search(sentence) or _CN_NP_RE.search(sentence)
+    m = _EN_NP_RE.search(text) or _CN_NP_RE.search(text)
     if m and _normalise_key(m.group(1)):
         return _normalise_key(m.group(1))
-    # Fall back to the words after the trigger phrase ("I usually check grafana" -> "check_grafana").
-    trigger = {"preference": _PREFERENCE_RE, "habit": _HABIT_RE, "semantic": _SEMANTIC_RE}[kind]
-    rest = trigger.split(sentence, 1)[-1]
-    return _normalise_key(rest) or _normalise_key(sentence) or "misc"
+    return _normalise_key(trigger.split(text, 1)[-1]) if trigger.search(text) else ""
 
 
 _BASE_CONFIDENCE = {"preference": 0.9, "habit": 0.8, "semantic": 0.8}
@@ -203,7 +233,8 @@ class RuleBasedExtractor:
                 return MemoryCandidate(
                     kind,  # type: ignore[arg-type]
                     sentence,
-                    _subject(sentence, kind),
+                    # The sentence matched its cue, so "" means only stopwords followed it.
+                    derive_subject(sentence, kind) or _normalise_key(sentence) or "misc",
                     _WEAK_CONFIDENCE if weak else _BASE_CONFIDENCE[kind],
                     "USER_STATED",
                     [turn.message_id],
@@ -296,7 +327,7 @@ def _validate(item: object, valid_ids: list[str]) -> MemoryCandidate | None:
     return MemoryCandidate(
         ctype,  # type: ignore[arg-type]
         content[:1000],
-        subject[:80] or _normalise_key(content) or "misc",
+        subject[:80] or derive_subject(content, ctype) or _normalise_key(content) or "misc",
         confidence,
         authority,  # type: ignore[arg-type]
         ids or list(valid_ids[-1:]),
@@ -308,6 +339,7 @@ __all__ = [
     "Extractor",
     "RuleBasedExtractor",
     "LLMExtractor",
+    "derive_subject",
     "CANDIDATE_TYPES",
     "AUTHORITIES",
 ]

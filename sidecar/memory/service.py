@@ -16,6 +16,7 @@ from sidecar.errors import FailedPrecondition, InvalidArgument, NotFound
 from sidecar.ids import check_id, check_text, new_id
 from sidecar.index.embedders import Embedder, client_vector
 from sidecar.index.hybrid import HybridIndex
+from sidecar.memory.extract import derive_subject
 from sidecar.memory.filters import near_duplicate
 from sidecar.memory.recall import ScoredMemory, UserMemories, scope_key
 from sidecar.secrets import contains_secret, looks_like_raw_log
@@ -48,6 +49,12 @@ class WriteResult:
 
 def normalise_subject(subject: str) -> str:
     return " ".join(subject.lower().split())[:128]
+
+
+def memory_subject(inp: MemoryInput) -> str:
+    """The given subject, or the one the extractor would give the content (proto: "derived from the
+    content when empty"), so an AddMemory without one still supersedes what it contradicts."""
+    return normalise_subject(inp.subject) or normalise_subject(derive_subject(inp.content, inp.type.name.lower()))
 
 
 def render_memory(content: str) -> str:
@@ -107,7 +114,7 @@ class MemoryService:
         if looks_like_raw_log(inp.content):
             return WriteResult("rejected", None, reason="raw_log")
         at = now_ms()
-        subject = normalise_subject(inp.subject)
+        subject = memory_subject(inp)
         vector = self._vector(inp.content, inp.embedding)
         with self._writer(scope):
             with self._lock:
