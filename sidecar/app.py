@@ -148,6 +148,10 @@ class Sidecar:
                     self.episodic.forget(scope)  # rebuilt from rows with the other replica's turns
             elif c.kind in ("memory", "memory_delete"):
                 self.memories.invalidate(scope)
+                if c.kind == "memory_delete":
+                    self.episodic.forget(scope)  # its source turns may have left recall
+            elif c.kind == "recall":
+                self.episodic.forget(scope)  # rebuilt from rows without the excluded turns
             elif c.kind == "forget":
                 self.memories.invalidate(scope)
                 self.episodic.forget(scope)

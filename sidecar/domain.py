@@ -313,6 +313,14 @@ class PinnedConstraint:
     text: str
     tokens: int
     created_at_ms: int
+    unpinned_at_ms: int = 0  # set once unpinned; the row stays, with who and why
+    unpinned_by: str = ""
+    unpin_reason: str = ""
+    session_id: str = ""  # where it was said (a parent's, for a sub-session's inherited constraint)
+
+    @property
+    def pin_id(self) -> str:
+        return f"{self.message_id}:{self.idx}"
 
 
 @dataclass(slots=True)

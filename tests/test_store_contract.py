@@ -498,6 +498,8 @@ def _populate(store, scope: Scope) -> None:
     m = memory(f"mem-{scope.user_id}")
     store.put_memories(scope, [(m, b"e")], [MemoryChange(m, "add", "", 1), MemoryChange(m, "update", "", 2)])
     store.commit_turn(scope, "s1", 2, [job(scope, f"{scope.tenant_id}-{scope.user_id}-job")])
+    store.put_idempotent(scope, "AddMemory", "k1", "h", b"answer", 5)
+    store.add_recall_exclusions(scope, ["m1"], "memory_deleted", 5)
 
 
 def test_forget_user_counts_and_isolation(backend, scope):
@@ -509,7 +511,8 @@ def test_forget_user_counts_and_isolation(backend, scope):
     expected = {
         "sessions": 2, "messages": 2, "facts": 1, "fact_history": 1, "runs": 1, "run_checkpoints": 1, "jobs": 1,
         "memories": 1, "memory_history": 2, "turn_commits": 1, "tool_results": 1, "run_notes": 1,
-        "session_summaries": 1, "pinned_constraints": 1, "subsession_results": 1}
+        "session_summaries": 1, "pinned_constraints": 1, "subsession_results": 1, "idempotency_keys": 1,
+        "recall_exclusions": 1}
     assert set(expected) == set(DUCK_USER_TABLES)
     assert backend.forget_user(scope) == expected
     assert backend.get_session(scope, "s1") is None and backend.list_messages(scope, "s1") == []
@@ -546,15 +549,39 @@ def test_pinned_constraints_stored_with_their_message(backend, scope):
     new_session(backend, scope)
     first = backend.append_messages(scope, "s1", [NewMessage(Role.USER, "never rm -rf", idempotency_key="k")],
                                     counts(1), 10, [(0, "never rm -rf", 4)])
-    assert backend.list_pinned(scope, "s1") == [PinnedConstraint(first[0].message_id, 0, "never rm -rf", 4, 10)]
+    assert backend.list_pinned(scope, "s1") == [PinnedConstraint(first[0].message_id, 0, "never rm -rf", 4, 10, session_id="s1")]
     # a replayed message (same idempotency key) does not pin again; idx counts the batch's pins
     out = backend.append_messages(scope, "s1", [NewMessage(Role.USER, "never rm -rf", idempotency_key="k"),
                                                 NewMessage(Role.USER, "always use staging")], counts(2), 20,
                                   [(0, "never rm -rf", 4), (1, "always use staging", 3)])
     assert backend.list_pinned(scope, "s1") == [
-        PinnedConstraint(first[0].message_id, 0, "never rm -rf", 4, 10),
-        PinnedConstraint(out[1].message_id, 1, "always use staging", 3, 20)]
+        PinnedConstraint(first[0].message_id, 0, "never rm -rf", 4, 10, session_id="s1"),
+        PinnedConstraint(out[1].message_id, 1, "always use staging", 3, 20, session_id="s1")]
     assert backend.list_pinned(scope, "other") == []
+
+
+def test_unpin_keeps_the_constraint_with_who_and_why(backend, scope):
+    new_session(backend, scope)
+    m = backend.append_messages(scope, "s1", msgs("never rm -rf"), counts(1), 10, [(0, "never rm -rf", 4)])[0]
+    assert not backend.unpin_constraint(scope, "s1", m.message_id, 7, "ops", "wrong idx", 11)
+    assert not backend.unpin_constraint(Scope(scope.tenant_id, "mallory"), "s1", m.message_id, 0, "x", "y", 11)
+    assert backend.unpin_constraint(scope, "s1", m.message_id, 0, "ops-lead", "cleanup is done", 12)
+    assert not backend.unpin_constraint(scope, "s1", m.message_id, 0, "ops-lead", "again", 13)  # once
+    assert backend.list_pinned(scope, "s1") == [PinnedConstraint(m.message_id, 0, "never rm -rf", 4, 10, 12,
+                                                                 "ops-lead", "cleanup is done", "s1")]
+
+
+def test_idempotency_keys_and_recall_exclusions(backend, scope):
+    assert backend.get_idempotent(scope, "AddMemory", "k") is None
+    backend.put_idempotent(scope, "AddMemory", "k", "h1", b"\x00first", 1)
+    backend.put_idempotent(scope, "AddMemory", "k", "h2", b"second", 2)  # the first answer stays
+    assert backend.get_idempotent(scope, "AddMemory", "k") == ("h1", b"\x00first")
+    assert backend.get_idempotent(scope, "AddRunNote", "k") is None
+    assert backend.get_idempotent(Scope(scope.tenant_id, "bob"), "AddMemory", "k") is None
+    backend.add_recall_exclusions(scope, ["m1", "m2", "m1"], "memory_deleted", 1)
+    backend.add_recall_exclusions(scope, ["m2", "m3"], "memory_deleted", 2)
+    assert backend.recall_exclusions(scope) == {"m1", "m2", "m3"}
+    assert backend.recall_exclusions(Scope(scope.tenant_id, "bob")) == set()
 
 
 def test_tool_results(backend, scope):

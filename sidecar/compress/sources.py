@@ -21,7 +21,7 @@ def pinned_items(scope: Scope, view: SessionView) -> list[Item]:
     seen: set[str] = set()
     items = []
     for p in view.pinned:
-        if p.text in seen:
+        if p.unpinned_at_ms or p.text in seen:
             continue
         seen.add(p.text)
         items.append(Item(f"pinned:{p.message_id}#{p.idx}", CATEGORY_SESSION_STATE, 0.0, p.tokens, p.text,

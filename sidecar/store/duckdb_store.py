@@ -435,10 +435,43 @@ class DuckDBStore:
 
     # ------------------------------------------------------------------ compression layers
     def list_pinned(self, scope: Scope, session_id: str) -> list[PinnedConstraint]:
-        rows = self._query("SELECT message_id, idx, text, tokens, created_at_ms FROM pinned_constraints WHERE "
+        rows = self._query(f"SELECT {records.PINNED_READ_COLS} FROM pinned_constraints WHERE "
                            "tenant_id = ? AND user_id = ? AND session_id = ? ORDER BY created_at_ms, idx",
                            [scope.tenant_id, scope.user_id, session_id])
         return [PinnedConstraint(*r) for r in rows]
+
+    def unpin_constraint(self, scope: Scope, session_id: str, message_id: str, idx: int, by: str, reason: str,
+                         at_ms: int) -> bool:
+        with self._tx() as c:
+            hit = c.execute("UPDATE pinned_constraints SET unpinned_at_ms = ?, unpinned_by = ?, unpin_reason = ? "
+                            "WHERE tenant_id = ? AND user_id = ? AND session_id = ? AND message_id = ? AND idx = ? "
+                            "AND unpinned_at_ms = 0 RETURNING idx",
+                            [at_ms, by, reason, scope.tenant_id, scope.user_id, session_id, message_id, idx]).fetchall()
+        return bool(hit)
+
+    # ------------------------------------------------------------------ idempotency and recall exclusions
+    def get_idempotent(self, scope: Scope, method: str, key: str) -> tuple[str, bytes] | None:
+        rows = self._query("SELECT request_hash, response FROM idempotency_keys WHERE tenant_id = ? AND user_id = ? "
+                           "AND method = ? AND key = ?", [scope.tenant_id, scope.user_id, method, key])
+        return (rows[0][0], bytes(rows[0][1])) if rows else None
+
+    def put_idempotent(self, scope: Scope, method: str, key: str, request_hash: str, response: bytes,
+                       at_ms: int) -> None:
+        with self._tx() as c:
+            c.execute("INSERT INTO idempotency_keys VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                      [scope.tenant_id, scope.user_id, method, key, request_hash, response, at_ms])
+
+    def add_recall_exclusions(self, scope: Scope, message_ids: Sequence[str], reason: str, at_ms: int) -> None:
+        if not message_ids:
+            return
+        with self._tx() as c:
+            c.executemany("INSERT INTO recall_exclusions VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                          [(scope.tenant_id, scope.user_id, m, reason, at_ms) for m in dict.fromkeys(message_ids)])
+
+    def recall_exclusions(self, scope: Scope) -> set[str]:
+        rows = self._query("SELECT message_id FROM recall_exclusions WHERE tenant_id = ? AND user_id = ?",
+                           [scope.tenant_id, scope.user_id])
+        return {r[0] for r in rows}
 
     def insert_tool_result(self, scope: Scope, result: ToolResult) -> None:
         with self._tx() as c:

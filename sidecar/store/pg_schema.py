@@ -48,6 +48,7 @@ _V1_TABLES = ("sessions", "messages", "facts", "fact_history", "runs", "run_chec
 _V2_TABLES = ("memories", "memory_history", "turn_commits")
 _V3_TABLES = ("tool_results", "run_notes", "session_summaries", "pinned_constraints", "subsession_results")
 _V4_TENANT_TABLES = ("kb_documents", "kb_chunks", "graph_edges")
+_V5_TABLES = ("idempotency_keys", "recall_exclusions")
 
 MIGRATIONS: list[tuple[int, str, str]] = [
     (
@@ -188,6 +189,22 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             object text NOT NULL, source text NOT NULL, valid_from_ms bigint NOT NULL,
             valid_to_ms bigint NOT NULL, PRIMARY KEY (tenant_id, edge_id));
         """ + "".join(rls_ddl(t, tenant_only=True) for t in _V4_TENANT_TABLES),
+    ),
+    (
+        5,
+        "idempotency keys, pinned constraint life cycle, recall exclusions",
+        """
+        CREATE TABLE idempotency_keys (
+            tenant_id text NOT NULL, user_id text NOT NULL, method text NOT NULL, key text NOT NULL,
+            request_hash text NOT NULL, response bytea NOT NULL, created_at_ms bigint NOT NULL,
+            PRIMARY KEY (tenant_id, user_id, method, key));
+        ALTER TABLE pinned_constraints ADD COLUMN unpinned_at_ms bigint NOT NULL DEFAULT 0;
+        ALTER TABLE pinned_constraints ADD COLUMN unpinned_by text NOT NULL DEFAULT '';
+        ALTER TABLE pinned_constraints ADD COLUMN unpin_reason text NOT NULL DEFAULT '';
+        CREATE TABLE recall_exclusions (
+            tenant_id text NOT NULL, user_id text NOT NULL, message_id text NOT NULL,
+            reason text NOT NULL, at_ms bigint NOT NULL, PRIMARY KEY (tenant_id, user_id, message_id));
+        """ + "".join(rls_ddl(t) for t in _V5_TABLES),
     ),
 ]
 

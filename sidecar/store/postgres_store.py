@@ -581,10 +581,48 @@ class PostgresStore:
 
     # ------------------------------------------------------------------ compression layers
     def list_pinned(self, scope: Scope, session_id: str) -> list[PinnedConstraint]:
-        rows = self._query(scope, "SELECT message_id, idx, text, tokens, created_at_ms FROM pinned_constraints WHERE "
+        rows = self._query(scope, f"SELECT {records.PINNED_READ_COLS} FROM pinned_constraints WHERE "
                            "tenant_id = %s AND user_id = %s AND session_id = %s ORDER BY created_at_ms, idx",
                            [scope.tenant_id, scope.user_id, session_id])
         return [PinnedConstraint(*r) for r in rows]
+
+    def unpin_constraint(self, scope: Scope, session_id: str, message_id: str, idx: int, by: str, reason: str,
+                         at_ms: int) -> bool:
+        with self._tx(scope) as cur:
+            cur.execute("UPDATE pinned_constraints SET unpinned_at_ms = %s, unpinned_by = %s, unpin_reason = %s "
+                        "WHERE tenant_id = %s AND user_id = %s AND session_id = %s AND message_id = %s AND idx = %s "
+                        "AND unpinned_at_ms = 0",
+                        [at_ms, by, reason, scope.tenant_id, scope.user_id, session_id, message_id, idx])
+            hit = cur.rowcount > 0
+            if hit:
+                self._log_changes(cur, scope, "message", [session_id])
+        return hit
+
+    # ------------------------------------------------------------------ idempotency and recall exclusions
+    def get_idempotent(self, scope: Scope, method: str, key: str) -> tuple[str, bytes] | None:
+        rows = self._query(scope, "SELECT request_hash, response FROM idempotency_keys WHERE tenant_id = %s AND "
+                           "user_id = %s AND method = %s AND key = %s", [scope.tenant_id, scope.user_id, method, key])
+        return (rows[0][0], bytes(rows[0][1])) if rows else None
+
+    def put_idempotent(self, scope: Scope, method: str, key: str, request_hash: str, response: bytes,
+                       at_ms: int) -> None:
+        with self._tx(scope) as cur:
+            cur.execute("INSERT INTO idempotency_keys VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                        [scope.tenant_id, scope.user_id, method, key, request_hash, response, at_ms])
+
+    def add_recall_exclusions(self, scope: Scope, message_ids: Sequence[str], reason: str, at_ms: int) -> None:
+        if not message_ids:
+            return
+        with self._tx(scope) as cur:
+            self._insert_many(cur, "recall_exclusions", "tenant_id, user_id, message_id, reason, at_ms",
+                              [(scope.tenant_id, scope.user_id, m, reason, at_ms) for m in dict.fromkeys(message_ids)],
+                              suffix=" ON CONFLICT DO NOTHING")
+            self._log_changes(cur, scope, "recall", [""])
+
+    def recall_exclusions(self, scope: Scope) -> set[str]:
+        rows = self._query(scope, "SELECT message_id FROM recall_exclusions WHERE tenant_id = %s AND user_id = %s",
+                           [scope.tenant_id, scope.user_id])
+        return {r[0] for r in rows}
 
     def insert_tool_result(self, scope: Scope, result: ToolResult) -> None:
         with self._tx(scope) as cur:

@@ -44,7 +44,7 @@ MEMORY_COLS = ("memory_id, type, content, subject, source_message_ids, confidenc
 # Every table that holds a user's data; ForgetUser empties each of them for that user.
 USER_TABLES = ("sessions", "messages", "facts", "fact_history", "runs", "run_checkpoints", "jobs", "memories",
                "memory_history", "turn_commits", "tool_results", "run_notes", "session_summaries",
-               "pinned_constraints", "subsession_results")
+               "pinned_constraints", "subsession_results", "idempotency_keys", "recall_exclusions")
 TOOL_COLS = ("tool_result_id, session_id, run_id, tool_name, call_id, status, tokens, lines, view_text, view_tokens, "
               "brief_text, brief_tokens, created_at_ms")
 DOC_COLS = ("doc_id, version, title, format, allowed_roles, metadata, chunk_count, live, indexed, "
@@ -165,6 +165,7 @@ def plan_append(scope: Scope, session_id: str, messages: Sequence[NewMessage],
 
 
 PINNED_COLS = "tenant_id, user_id, session_id, message_id, idx, text, tokens, created_at_ms"
+PINNED_READ_COLS = "message_id, idx, text, tokens, created_at_ms, unpinned_at_ms, unpinned_by, unpin_reason, session_id"
 
 
 def user_timeline_order(newest_first: bool) -> str:

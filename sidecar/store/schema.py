@@ -123,6 +123,22 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             valid_to_ms BIGINT NOT NULL, PRIMARY KEY (tenant_id, edge_id));
         """,
     ),
+    (
+        5,
+        "idempotency keys, pinned constraint life cycle, recall exclusions",
+        """
+        CREATE TABLE idempotency_keys (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, method VARCHAR NOT NULL, key VARCHAR NOT NULL,
+            request_hash VARCHAR NOT NULL, response BLOB NOT NULL, created_at_ms BIGINT NOT NULL,
+            PRIMARY KEY (tenant_id, user_id, method, key));
+        ALTER TABLE pinned_constraints ADD COLUMN unpinned_at_ms BIGINT DEFAULT 0;
+        ALTER TABLE pinned_constraints ADD COLUMN unpinned_by VARCHAR DEFAULT '';
+        ALTER TABLE pinned_constraints ADD COLUMN unpin_reason VARCHAR DEFAULT '';
+        CREATE TABLE recall_exclusions (
+            tenant_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL, message_id VARCHAR NOT NULL,
+            reason VARCHAR NOT NULL, at_ms BIGINT NOT NULL, PRIMARY KEY (tenant_id, user_id, message_id));
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]
