@@ -14,6 +14,7 @@ from sidecar.compress.service import SUMMARY_JOB, CompressionService, Compressio
 from sidecar.compress.sources import SummarySource, ToolObservationSource, pinned_items
 from sidecar.compress.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
 from sidecar.domain import Scope
+from sidecar.idempotency import Idempotency
 from sidecar.index.embedders import Embedder, HashEmbedder, make_embedder
 from sidecar.index.word_vectors import StaticEmbedder
 from sidecar.jobs import JobWorker, requeue_interrupted
@@ -75,6 +76,7 @@ class Sidecar:
                                 duckdb_memory=settings.duckdb_memory)
         self.embedder = embedder or make_embedder(settings.embedder)
         self.sessions = SessionService(self.store)
+        self.idempotency = Idempotency(self.store)
         self.facts = FactService(self.sessions)
         self.runs = RunService(self.sessions)
         self.memories = MemoryService(self.store, self.embedder, on_forget=[self._evict_user])

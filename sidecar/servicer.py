@@ -18,6 +18,7 @@ from sidecar.domain import (
     enum_value,
 )
 from sidecar.errors import InvalidArgument, NotFound
+from sidecar.idempotency import IDEMPOTENT_METHODS
 from sidecar.ids import check_id
 from sidecar.memory.service import MemoryInput
 from sidecar.services.facts import FactInput
@@ -127,6 +128,9 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
             check_id(jid, f"job_ids[{i}]")
         if request.timeout_ms < 0 or request.timeout_ms > 120_000:
             raise InvalidArgument(f"timeout_ms must be 0-120000 (got {request.timeout_ms})")
+        for i, jid in enumerate(request.job_ids):  # an unknown job is never "finished"
+            if self.app.store.get_job(scope, jid) is None:
+                raise NotFound(f"job_ids[{i}] {jid!r} not found for this tenant and user")
         jobs, done = self.app.worker.wait(scope, list(request.job_ids), (request.timeout_ms or 10_000) / 1000)
         return pb.WaitForJobsResponse(jobs=[convert.job(j) for j in jobs], all_finished=done)
 
@@ -203,6 +207,14 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
         notes = self.app.compression.list_run_notes(convert.scope(request), request.session_id, request.run_id)
         return pb.ListRunNotesResponse(notes=[convert.run_note(n) for n in notes])
 
+    def ListPinned(self, request, context):
+        pins = self.app.pinned.list(convert.scope(request), request.session_id, request.include_unpinned)
+        return pb.ListPinnedResponse(pinned=[convert.pinned(p) for p in pins])
+
+    def Unpin(self, request, context):
+        return convert.pinned(self.app.pinned.unpin(convert.scope(request), request.session_id, request.pin_id,
+                                                     request.by, request.reason))
+
     def CreateSubSession(self, request, context):
         child = self.app.compression.create_sub_session(convert.scope(request), request.parent_session_id,
                                                         request.session_id, request.task, list(request.fact_keys))
@@ -271,3 +283,19 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
         return pb.QueryGraphResponse(paths=[pb.GraphPath(entities=p.entities, edges=[convert.edge(e) for e in p.edges])
                                             for p in paths])
 
+
+
+def _retry_safe(name: str, method):
+    """The write RPC `name` with its idempotency_key honoured (sidecar.idempotency)."""
+
+    def call(self, request, context):
+        scope = convert.scope(request, user_required=False)
+        return self.app.idempotency.run(scope, name, request, lambda: method(self, request, context))
+
+    call.__name__ = name
+    call.__doc__ = method.__doc__
+    return call
+
+
+for _name in IDEMPOTENT_METHODS:
+    setattr(ContextServicer, _name, _retry_safe(_name, getattr(ContextServicer, _name)))
