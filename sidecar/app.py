@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from sidecar.assembly.builder import ContextBuilder
@@ -26,7 +27,9 @@ from sidecar.memory.extract import Extractor, LLMExtractor, RuleBasedExtractor
 from sidecar.memory.pipeline import EXTRACT_JOB, ExtractionPipeline
 from sidecar.memory.service import MemoryService
 from sidecar.memory.source import MemorySource
+from sidecar.services.deletion import DeletionService
 from sidecar.services.facts import FactService
+from sidecar.services.pinned import PinnedService
 from sidecar.services.runs import RunService
 from sidecar.services.sessions import SessionService
 from sidecar.services.turns import TurnService
@@ -79,6 +82,7 @@ class Sidecar:
         self.idempotency = Idempotency(self.store)
         self.facts = FactService(self.sessions)
         self.runs = RunService(self.sessions)
+        self.pinned = PinnedService(self.sessions)
         self.memories = MemoryService(self.store, self.embedder, on_forget=[self._evict_user])
         self.extraction = ExtractionPipeline(self.store, self.memories, extractor or default_extractor(),
                                              min_confidence=settings.min_confidence)
@@ -101,7 +105,7 @@ class Sidecar:
             self.sessions,
             [MessageSource(), SummarySource(), ToolObservationSource(self.store), MemorySource(self.memories),
              KnowledgeSource(self.knowledge)],
-            pinned=pinned_items, resolvers=[knowledge_beats_memory(self.knowledge)],
+            pinned=partial(pinned_items, self.pinned), resolvers=[knowledge_beats_memory(self.knowledge)],
             query_embedder=None if isinstance(self.embedder, HashEmbedder) else self.embedder)
         # Episodic recall: the user's past turns from other sessions, indexed as they are appended.
         self.episodic = EpisodicSource(self.store, max_total_turns=settings.episodic_turns)
@@ -110,6 +114,8 @@ class Sidecar:
         self.builder.sources.append(self.episodic)
         self.store.append_listeners.append(self.episodic.on_append)
         self.memories.on_forget(self.episodic.forget)
+        self.memories.on_delete(self.episodic.exclude)
+        self.deletion = DeletionService(self.sessions, self.memories, self.episodic)
         requeue_interrupted(self.store)
         self.worker.start()
         self.kb_worker.start()

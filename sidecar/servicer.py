@@ -50,6 +50,14 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
         stored = self.app.sessions.append(scope, request.session_id, convert.new_messages(request.messages))
         return pb.AppendMessagesResponse(messages=[convert.message(m) for m in stored])
 
+    def DeleteMessages(self, request, context):
+        return pb.DeleteMessagesResponse(deleted=self.app.deletion.delete_messages(
+            convert.scope(request), request.session_id, list(request.message_ids)))
+
+    def DeleteSession(self, request, context):
+        return pb.DeleteSessionResponse(deleted=self.app.deletion.delete_session(convert.scope(request),
+                                                                                  request.session_id))
+
     def ListMessages(self, request, context):
         msgs = self.app.sessions.list_messages(convert.scope(request), request.session_id, request.newest,
                                                request.from_seq, request.to_seq)

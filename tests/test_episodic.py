@@ -819,13 +819,16 @@ def test_new_knobs_rebuild_a_users_index_only_when_it_is_built_with_them():
 
 
 class _RowsStore:
-    """The two store calls EpisodicSource makes, over a list of turns."""
+    """The store calls EpisodicSource makes, over a list of turns."""
 
     def __init__(self, turns: list[Message]) -> None:
         self.turns = turns
 
     def list_user_messages(self, scope, roles, newest):
         return self.turns[-newest:]
+
+    def recall_exclusions(self, scope):
+        return set()
 
     def session_view(self, scope, session_id):
         from types import SimpleNamespace

@@ -583,6 +583,9 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
     # Each turn's ContextItem wire bytes, made the first time it is a candidate (None before), never
     # changed (a turn's text, tokens, role and time are fixed).
     bodies: list[bytes | None] = field(default_factory=list)
+    # Turns that must not be recalled (a deleted memory's sources, store.recall_exclusions): kept as
+    # neighbours of their session's turns, never ranked themselves.
+    hidden: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.serial = next(_SERIALS)  # names this index in _RankedCache (never reused, unlike id())
@@ -623,6 +626,14 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def hide(self, message_ids: set[str]) -> None:
+        self.hidden = self.hidden | (message_ids & self.known)  # replaced, never mutated: rank() may read it
+
+    def without_hidden(self, score: np.ndarray) -> np.ndarray:
+        if self.hidden:
+            score[[row for row, mid in enumerate(self.ids) if mid in self.hidden]] = 0.0
+        return score
 
     def _grow(self, need: int) -> None:
         if need <= self.cap:
@@ -777,6 +788,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         days = set(out.day_of[:n].tolist())
         out.day_items = {d: item for d, item in self.day_items.items() if d in days}
         out.sources, out.bodies = self.sources[start:], self.bodies[start:]
+        out.hidden = self.hidden & out.known
         return out
 
     def bm25(self, query_terms: Sequence[str], k1: float = BM25_K1, b: float = BM25_B) -> np.ndarray:
@@ -1145,6 +1157,14 @@ class EpisodicSource:
                 return
             self._bound(key)
 
+    def exclude(self, scope: Scope, message_ids: set[str]) -> None:
+        """Stop recalling these turns of the user (their rows stay in their session's history)."""
+        with self._lock:
+            state = self._users.get((scope.tenant_id, scope.user_id))
+            if state is not None:
+                state.hide(message_ids)
+                self._ranked.drop(state)
+
     def drop_user(self, scope: Scope) -> None:
         """Forget the user's in-memory index (rebuilt from rows when next needed)."""
         with self._lock:
@@ -1176,6 +1196,7 @@ class EpisodicSource:
         if len(rows) > self.max_turns_per_user:
             rows = rows[-(self.max_turns_per_user * 3 // 4):]
         state.add(rows, self.embedder, stemmed)
+        state.hide(self.store.recall_exclusions(scope))
         old = self._users.pop(key, None)
         if old is not None:
             self._ranked.drop(old)
@@ -1237,7 +1258,8 @@ class EpisodicSource:
                     qvec = query_embedding
                 elif qvec is None:  # a user's first call: loading the index costs far more
                     qvec = self.embedder.embed([_dense_query(query, state, r)])[0]
-                ranked = _best_first(state.rank(query, qvec, exclude_session, r), r.max_candidates)
+                ranked = _best_first(state.without_hidden(state.rank(query, qvec, exclude_session, r)),
+                                     r.max_candidates)
                 self._ranked.put(state, memo, ranked)
         order, best = ranked
         if not len(order):

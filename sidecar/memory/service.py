@@ -69,10 +69,15 @@ class MemoryService:
         self._lock = threading.RLock()  # the users' in-memory state; held only for in-memory work
         self._writer_locks = [threading.Lock() for _ in range(64)]  # by user, across a write
         self._on_forget = list(on_forget or [])
+        self._on_delete: list = []
 
     def on_forget(self, hook) -> None:
         """Register another holder of the user's derived data; ForgetUser calls hook(scope) -> counts."""
         self._on_forget.append(hook)
+
+    def on_delete(self, hook) -> None:
+        """Register a holder of source turns; DeleteMemory calls hook(scope, source message ids)."""
+        self._on_delete.append(hook)
 
     # ------------------------------------------------------------------ state
     def user(self, scope: Scope) -> UserMemories:
@@ -261,13 +266,48 @@ class MemoryService:
             return updated
 
     def delete(self, scope: Scope, memory_id: str) -> None:
-        at = now_ms()
         with self._writer(scope):
             current = self.get(scope, memory_id)
-            tombstone = replace(current, content="", subject="", source_message_ids=[],
-                                status=MemoryStatus.DELETED, updated_at_ms=at)
-            self.store.delete_memory(scope, memory_id, MemoryChange(tombstone, "delete", "deleted by the user", at))
-            self._apply(scope, lambda st: st.remove(memory_id))
+            # Forgetting is what the user means: the turns it was learnt from leave recall with it
+            # (their own session keeps them as history).
+            sources = set(current.source_message_ids)
+            self._remove(scope, current, "deleted by the user", sources)
+            self.invalidate(scope)  # its words and subject must not linger in the user's index
+            for hook in self._on_delete:
+                hook(scope, sources)
+
+    def _remove(self, scope: Scope, current: Memory, reason: str, unrecall: set[str]) -> None:
+        at = now_ms()
+        tombstone = replace(current, content="", subject="", source_message_ids=[],
+                            status=MemoryStatus.DELETED, updated_at_ms=at)
+        self.store.delete_memory(scope, current.memory_id, MemoryChange(tombstone, "delete", reason, at),
+                                 sorted(unrecall))
+        self._apply(scope, lambda st: st.remove(current.memory_id))
+
+    def drop_sources(self, scope: Scope, message_ids: set[str]) -> int:
+        """Deleted turns take with them the memories learnt only from them; an active memory with
+        other sources too keeps those. Returns the memories deleted."""
+        gone = 0
+        with self._writer(scope):
+            blobs = {m.memory_id: blob for m, blob in self.store.active_memories_with_embeddings(scope)}
+            rows = self.store.list_memories(scope, limit=1_000_000, offset=0, types=[], include_inactive=True,
+                                            now_ms=0)
+            for m in rows:
+                sources = set(m.source_message_ids)
+                if not sources & message_ids:
+                    continue
+                if sources <= message_ids:
+                    self._remove(scope, m, "its source turns were deleted", set())
+                    gone += 1
+                elif m.memory_id in blobs:
+                    kept = replace(m, source_message_ids=sorted(sources - message_ids), updated_at_ms=now_ms())
+                    self.store.put_memories(scope, [(kept, blobs[m.memory_id])],
+                                            [MemoryChange(kept, "update", "some source turns were deleted",
+                                                          kept.updated_at_ms)])
+                    self._apply(scope, lambda st, kept=kept: st.refresh(kept))
+            if gone:
+                self.invalidate(scope)  # rebuilt from rows: no word or subject of the deleted ones lingers
+        return gone
 
     def history(self, scope: Scope, memory_id: str) -> list[MemoryChange]:
         check_id(memory_id, "memory_id")

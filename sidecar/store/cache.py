@@ -261,6 +261,23 @@ class CachingStore:
                     view.apply_fact_changes(upserts, deletes)
                     view.session.updated_at_ms = at_ms
 
+    def unpin_constraint(self, scope: Scope, session_id: str, message_id: str, idx: int, by: str, reason: str,
+                         at_ms: int) -> bool:
+        """Unpins one constraint (the backend's unpin_constraint) and shows it in the cached view: the
+        row stays, with who and why, so history and BuildContext read the same list."""
+        with self._writer(scope, session_id):
+            hit = self.backend.unpin_constraint(scope, session_id, message_id, idx, by, reason, at_ms)
+            if hit:
+                with self._lock:
+                    view = self._cached(scope, session_id)
+                    if view is not None:
+                        # A new list, not a change in place; a row already unpinned (a view loaded
+                        # after the commit) keeps what it has.
+                        view.pinned = [replace(p, unpinned_at_ms=at_ms, unpinned_by=by, unpin_reason=reason)
+                                       if (p.message_id, p.idx) == (message_id, idx) and not p.unpinned_at_ms else p
+                                       for p in view.pinned]
+            return hit
+
     def _cached(self, scope: Scope, session_id: str) -> SessionView | None:
         return self._views.get((scope.tenant_id, scope.user_id, session_id))
 

@@ -395,13 +395,16 @@ class DuckDBStore:
             [scope.tenant_id, scope.user_id, memory_id])
         return [MemoryChange(memory=records.memory_from(r[:13]), action=r[13], reason=r[14], at_ms=r[15]) for r in rows]
 
-    def delete_memory(self, scope: Scope, memory_id: str, tombstone: MemoryChange) -> None:
-        """Deletion really deletes: the row and every earlier version; a contentless tombstone stays."""
+    def delete_memory(self, scope: Scope, memory_id: str, tombstone: MemoryChange,
+                      unrecall: Sequence[str] = ()) -> None:
+        """Deletion really deletes: the row and every earlier version; a contentless tombstone stays.
+        `unrecall`: source turns that leave recall with it (recall_exclusions), in the same transaction."""
         owner = [scope.tenant_id, scope.user_id, memory_id]
         with self._tx() as c:
             c.execute("DELETE FROM memories WHERE tenant_id = ? AND user_id = ? AND memory_id = ?", owner)
             c.execute("DELETE FROM memory_history WHERE tenant_id = ? AND user_id = ? AND memory_id = ?", owner)
             self._append_memory_history(c, scope, [tombstone])
+            self._insert_exclusions(c, scope, unrecall, "memory_deleted", tombstone.at_ms)
 
     # ------------------------------------------------------------------ after-turn commits
     def commit_watermark(self, scope: Scope, session_id: str) -> int:
@@ -449,6 +452,19 @@ class DuckDBStore:
                             [at_ms, by, reason, scope.tenant_id, scope.user_id, session_id, message_id, idx]).fetchall()
         return bool(hit)
 
+    # ------------------------------------------------------------------ deleting sessions and messages
+    def delete_messages(self, scope: Scope, session_id: str, message_ids: Sequence[str]) -> dict[str, int]:
+        with self._tx() as c:
+            counts = records.delete_messages(c, scope, session_id, message_ids, "?")
+        return counts
+
+    def delete_session(self, scope: Scope, session_id: str) -> tuple[dict[str, int], list[str]]:
+        with self._tx() as c:
+            counts, message_ids, ids = records.delete_sessions(c, scope, session_id, "?")
+            for sid in ids:  # a session made again under this id starts at seq 1
+                self._next_seq.pop((scope.tenant_id, scope.user_id, sid), None)
+        return counts, message_ids
+
     # ------------------------------------------------------------------ idempotency and recall exclusions
     def get_idempotent(self, scope: Scope, method: str, key: str) -> tuple[str, bytes] | None:
         rows = self._query("SELECT request_hash, response FROM idempotency_keys WHERE tenant_id = ? AND user_id = ? "
@@ -462,11 +478,15 @@ class DuckDBStore:
                       [scope.tenant_id, scope.user_id, method, key, request_hash, response, at_ms])
 
     def add_recall_exclusions(self, scope: Scope, message_ids: Sequence[str], reason: str, at_ms: int) -> None:
+        with self._tx() as c:
+            self._insert_exclusions(c, scope, message_ids, reason, at_ms)
+
+    @staticmethod
+    def _insert_exclusions(c, scope: Scope, message_ids: Sequence[str], reason: str, at_ms: int) -> None:
         if not message_ids:
             return
-        with self._tx() as c:
-            c.executemany("INSERT INTO recall_exclusions VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                          [(scope.tenant_id, scope.user_id, m, reason, at_ms) for m in dict.fromkeys(message_ids)])
+        c.executemany("INSERT INTO recall_exclusions VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                       [(scope.tenant_id, scope.user_id, m, reason, at_ms) for m in dict.fromkeys(message_ids)])
 
     def recall_exclusions(self, scope: Scope) -> set[str]:
         rows = self._query("SELECT message_id FROM recall_exclusions WHERE tenant_id = ? AND user_id = ?",

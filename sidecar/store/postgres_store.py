@@ -535,13 +535,16 @@ class PostgresStore:
             [scope.tenant_id, scope.user_id, memory_id])
         return [MemoryChange(memory=records.memory_from(r[:13]), action=r[13], reason=r[14], at_ms=r[15]) for r in rows]
 
-    def delete_memory(self, scope: Scope, memory_id: str, tombstone: MemoryChange) -> None:
-        """Deletion really deletes: the row and every earlier version; a contentless tombstone stays."""
+    def delete_memory(self, scope: Scope, memory_id: str, tombstone: MemoryChange,
+                      unrecall: Sequence[str] = ()) -> None:
+        """Deletion really deletes: the row and every earlier version; a contentless tombstone stays.
+        `unrecall`: source turns that leave recall with it (recall_exclusions), in the same transaction."""
         owner = [scope.tenant_id, scope.user_id, memory_id]
         with self._tx(scope) as cur:
             cur.execute("DELETE FROM memories WHERE tenant_id = %s AND user_id = %s AND memory_id = %s", owner)
             cur.execute("DELETE FROM memory_history WHERE tenant_id = %s AND user_id = %s AND memory_id = %s", owner)
             self._append_memory_history(cur, scope, [tombstone])
+            self._insert_exclusions(cur, scope, unrecall, "memory_deleted", tombstone.at_ms)
             self._log_changes(cur, scope, "memory_delete", [memory_id])
 
     def superseded_pairs(self, scope: Scope) -> list[tuple[str, str]]:
@@ -598,6 +601,20 @@ class PostgresStore:
                 self._log_changes(cur, scope, "message", [session_id])
         return hit
 
+    # ------------------------------------------------------------------ deleting sessions and messages
+    def delete_messages(self, scope: Scope, session_id: str, message_ids: Sequence[str]) -> dict[str, int]:
+        with self._tx(scope) as cur:
+            counts = records.delete_messages(cur, scope, session_id, message_ids, "%s")
+            self._log_changes(cur, scope, "message", [session_id])
+        return counts
+
+    def delete_session(self, scope: Scope, session_id: str) -> tuple[dict[str, int], list[str]]:
+        with self._tx(scope) as cur:
+            counts, message_ids, ids = records.delete_sessions(cur, scope, session_id, "%s")
+            self._log_changes(cur, scope, "session", ids)
+            self._log_changes(cur, scope, "recall", [""])
+        return counts, message_ids
+
     # ------------------------------------------------------------------ idempotency and recall exclusions
     def get_idempotent(self, scope: Scope, method: str, key: str) -> tuple[str, bytes] | None:
         rows = self._query(scope, "SELECT request_hash, response FROM idempotency_keys WHERE tenant_id = %s AND "
@@ -611,13 +628,16 @@ class PostgresStore:
                         [scope.tenant_id, scope.user_id, method, key, request_hash, response, at_ms])
 
     def add_recall_exclusions(self, scope: Scope, message_ids: Sequence[str], reason: str, at_ms: int) -> None:
+        with self._tx(scope) as cur:
+            self._insert_exclusions(cur, scope, message_ids, reason, at_ms)
+            self._log_changes(cur, scope, "recall", [""])
+
+    @staticmethod
+    def _insert_exclusions(cur, scope: Scope, message_ids: Sequence[str], reason: str, at_ms: int) -> None:
         if not message_ids:
             return
-        with self._tx(scope) as cur:
-            self._insert_many(cur, "recall_exclusions", "tenant_id, user_id, message_id, reason, at_ms",
-                              [(scope.tenant_id, scope.user_id, m, reason, at_ms) for m in dict.fromkeys(message_ids)],
-                              suffix=" ON CONFLICT DO NOTHING")
-            self._log_changes(cur, scope, "recall", [""])
+        cur.executemany("INSERT INTO recall_exclusions VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                       [(scope.tenant_id, scope.user_id, m, reason, at_ms) for m in dict.fromkeys(message_ids)])
 
     def recall_exclusions(self, scope: Scope) -> set[str]:
         rows = self._query(scope, "SELECT message_id FROM recall_exclusions WHERE tenant_id = %s AND user_id = %s",

@@ -173,3 +173,73 @@ def user_timeline_order(newest_first: bool) -> str:
     turns in order; reversed when only the newest are wanted (the caller reverses the rows back)."""
     d = " DESC" if newest_first else ""
     return f"s.created_at_ms{d}, m.session_id{d}, m.seq{d}"
+
+
+# ------------------------------------------------------------------ deleting sessions and messages
+# Tables keyed by session_id whose rows go with their session (run_checkpoints go by run,
+# subsession_results by parent or child).
+SESSION_TABLES = ("messages", "facts", "fact_history", "runs", "tool_results", "run_notes", "session_summaries",
+                  "pinned_constraints", "turn_commits", "sessions")
+
+
+def _in(ph: str, n: int) -> str:
+    return "(" + ", ".join([ph] * n) + ")"
+
+
+def _delete_counted(cur: Any, table: str, where: str, params: list, counts: dict[str, int]) -> None:
+    cur.execute(f"SELECT count(*) FROM {table} WHERE {where}", params)
+    n = cur.fetchall()[0][0]
+    if n:
+        cur.execute(f"DELETE FROM {table} WHERE {where}", params)
+    counts[table] = counts.get(table, 0) + n
+
+
+def delete_sessions(cur: Any, scope: Scope, session_id: str, ph: str) -> tuple[dict[str, int], list[str], list[str]]:
+    """Delete a session and its sub-sessions (recursively) whole, inside the caller's transaction.
+    Returns the rows deleted per table, the ids of the messages that went (for derived data) and of
+    the sessions."""
+    owner = [scope.tenant_id, scope.user_id]
+    mine = f"tenant_id = {ph} AND user_id = {ph}"
+    ids, frontier = [session_id], [session_id]
+    while frontier:
+        cur.execute(f"SELECT session_id FROM sessions WHERE {mine} AND parent_session_id IN {_in(ph, len(frontier))}",
+                    [*owner, *frontier])
+        frontier = [r[0] for r in cur.fetchall() if r[0] not in ids]
+        ids += frontier
+    within = f"{mine} AND session_id IN {_in(ph, len(ids))}"
+    cur.execute(f"SELECT message_id FROM messages WHERE {within}", [*owner, *ids])
+    message_ids = [r[0] for r in cur.fetchall()]
+    counts: dict[str, int] = {}
+    _delete_counted(cur, "run_checkpoints", f"{mine} AND run_id IN (SELECT run_id FROM runs WHERE {within})",
+                    [*owner, *owner, *ids], counts)
+    _delete_counted(cur, "subsession_results", f"{mine} AND (parent_session_id IN {_in(ph, len(ids))} OR "
+                    f"child_session_id IN {_in(ph, len(ids))})", [*owner, *ids, *ids], counts)
+    for table in SESSION_TABLES:
+        _delete_counted(cur, table, within, [*owner, *ids], counts)
+    if message_ids:
+        _delete_counted(cur, "recall_exclusions", f"{mine} AND message_id IN {_in(ph, len(message_ids))}",
+                        [*owner, *message_ids], counts)
+    purge_answers(cur, scope, ph, counts)
+    return counts, message_ids, ids
+
+
+def delete_messages(cur: Any, scope: Scope, session_id: str, message_ids: Sequence[str], ph: str) -> dict[str, int]:
+    """Delete messages of one session with what was made of them in that session: the constraints
+    they pinned and the session's rolling summary (rebuilt from what is left by the next commit)."""
+    owner = [scope.tenant_id, scope.user_id]
+    mine, ids_in = f"tenant_id = {ph} AND user_id = {ph}", f"message_id IN {_in(ph, len(message_ids))}"
+    counts: dict[str, int] = {}
+    for table in ("messages", "pinned_constraints"):
+        _delete_counted(cur, table, f"{mine} AND session_id = {ph} AND {ids_in}", [*owner, session_id, *message_ids],
+                        counts)
+    _delete_counted(cur, "recall_exclusions", f"{mine} AND {ids_in}", [*owner, *message_ids], counts)
+    _delete_counted(cur, "session_summaries", f"{mine} AND session_id = {ph}", [*owner, session_id], counts)
+    purge_answers(cur, scope, ph, counts)
+    return counts
+
+
+def purge_answers(cur: Any, scope: Scope, ph: str, counts: dict[str, int]) -> None:
+    """Drop the user's stored idempotent answers: they may quote what is being deleted (an
+    AppendMessages answer holds its messages). A retry in flight then runs again."""
+    _delete_counted(cur, "idempotency_keys", f"tenant_id = {ph} AND user_id = {ph}", [scope.tenant_id, scope.user_id],
+                    counts)

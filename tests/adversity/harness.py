@@ -1321,6 +1321,30 @@ def scan_objects(root, needles: re.Pattern[str], limit: int = 3_000_000) -> list
     return hits
 
 
+def table_mentions(sql: Callable[[str], list[tuple]], needles: re.Pattern[str], mark: str) -> list[str]:
+    """Every text column of every table (and blobs, for `mark`) that still mentions a needle."""
+    residue: list[str] = []
+    cols = sql("SELECT table_name, column_name, data_type FROM information_schema.columns "
+               "WHERE table_schema = 'main'")
+    pattern = needles.pattern.replace("'", "''")
+    for table, col, dtype in cols:
+        kind = dtype.upper()
+        try:
+            if kind.startswith("BLOB"):
+                n = sum(1 for (v,) in sql(f"SELECT {col} FROM {table}") if v is not None and mark.encode() in bytes(v))
+            elif kind.startswith(("VARCHAR", "JSON")):
+                n = sql(f"SELECT count(*) FROM {table} WHERE regexp_matches(CAST({col} AS VARCHAR), "
+                        f"'{pattern}')")[0][0]
+            else:
+                continue
+        except Exception as e:  # noqa: BLE001
+            residue.append(f"{table}.{col}: scan failed {e}")
+            continue
+        if n:
+            residue.append(f"{table}.{col}: {n} rows mention it")
+    return residue
+
+
 def forget_residue(running, *, seed: int = 9) -> dict[str, object]:
     """ForgetUser on an in-process server (tests.conftest.Running), then look for what is left."""
     stub, app = running.stub, running.app
@@ -1350,24 +1374,7 @@ def forget_residue(running, *, seed: int = 9) -> dict[str, object]:
         if n:
             residue.append(f"{table}: {n} rows of the forgotten user")
     # 2. every text column of every table: none of the user's texts or ids (jobs' payloads, summaries...)
-    cols = sql("SELECT table_name, column_name, data_type FROM information_schema.columns "
-               "WHERE table_schema = 'main'")
-    pattern = needles.pattern.replace("'", "''")
-    for table, col, dtype in cols:
-        kind = dtype.upper()
-        try:
-            if kind.startswith("BLOB"):
-                n = sum(1 for (v,) in sql(f"SELECT {col} FROM {table}") if v is not None and b"vicmarkq" in bytes(v))
-            elif kind.startswith(("VARCHAR", "JSON")):
-                n = sql(f"SELECT count(*) FROM {table} WHERE regexp_matches(CAST({col} AS VARCHAR), "
-                        f"'{pattern}')")[0][0]
-            else:
-                continue
-        except Exception as e:  # noqa: BLE001
-            residue.append(f"{table}.{col}: scan failed {e}")
-            continue
-        if n:
-            residue.append(f"{table}.{col}: {n} rows mention the forgotten user")
+    residue += table_mentions(sql, needles, "vicmarkq")
     # 3. indexes and in-process state
     if app.memories.indexed_ids(victim):
         residue.append(f"memory index still holds {app.memories.indexed_ids(victim)}")
