@@ -1,5 +1,7 @@
 """EdgeIndex traversal: chains in both directions, cycles, filters, validity windows, incremental
-updates, neighbourhood bounds, and (hypothesis) agreement with a brute-force path enumeration."""
+updates, neighbourhood bounds, and (hypothesis) agreement with a brute-force path enumeration; and
+"what breaks if vm-pool-3 goes down" over edges extracted from a document, in process and through the
+real server (QueryGraph, BuildContext's graph facts)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecar.api import context_service_pb2 as pb
 from sidecar.knowledge.graph import EdgeIndex, Path, is_valid_at, render_path
+from sidecar.knowledge.relations import IMPACT_RELATIONS, extract_relations
 
 NOW = 1_700_000_000_000
 
@@ -262,3 +266,54 @@ def test_one_interval_means_the_same_valid_edges(windows, a, b) -> None:
     assert index.remove("new")
     versions.add(index.version)
     assert not index.remove("new") and len(versions) == 3 and EdgeIndex().version not in versions
+
+
+# The same cache layer written in each language: a placement, a dependent of the placed service, an owner.
+CACHE_LAYER = {
+    "en": ("# Cache layer\nredis-cluster is deployed on vm-pool-3. session-api depends on redis-cluster. "
+           "redis-cluster is owned by team-cache.", "What breaks if vm-pool-3 goes down?"),
+    "zh": ("# 缓存层\nredis-cluster 部署在 vm-pool-3。session-api 依赖 redis-cluster。"
+           "redis-cluster 由 team-cache 负责。", "vm-pool-3 挂了会影响什么"),
+}
+
+
+@pytest.mark.parametrize("lang", sorted(CACHE_LAYER))
+def test_impact_of_a_host_over_extracted_edges(lang: str) -> None:
+    relations = extract_relations(CACHE_LAYER[lang][0])
+    index = EdgeIndex(E(f"e{i}", r.subject, r.relation, r.object) for i, r in enumerate(relations))
+    impact = index.paths("vm-pool-3", relations=set(IMPACT_RELATIONS), max_hops=3, direction="in", at_ms=NOW)
+    assert rendered(impact) == [
+        "vm-pool-3 <--deployed_on-- redis-cluster",
+        "vm-pool-3 <--deployed_on-- redis-cluster <--depends_on-- session-api",
+    ]
+    # An owner is not a dependency: nothing breaks when team-cache is away, although the edge is there.
+    assert index.paths("team-cache", relations=set(IMPACT_RELATIONS), direction="in", at_ms=NOW) == []
+    owned = index.paths("team-cache", direction="in", at_ms=NOW)
+    assert rendered(owned)[0] == "team-cache <--owned_by-- redis-cluster"
+
+
+@pytest.mark.parametrize("lang", sorted(CACHE_LAYER))
+def test_what_breaks_if_a_host_goes_down_through_the_server(stub, scope, lang: str) -> None:
+    text, question = CACHE_LAYER[lang]
+    doc = pb.IngestDocumentRequest(scope=scope, doc_id=f"cache-{lang}", title="Cache layer", text=text,
+                                   format=pb.DOCUMENT_FORMAT_MARKDOWN)
+    ingested = stub.IngestDocument(doc)
+    done = stub.WaitForJobs(pb.WaitForJobsRequest(scope=scope, job_ids=[ingested.job_id], timeout_ms=30000))
+    assert done.all_finished and done.jobs[0].status == pb.JOB_STATUS_DONE, done
+
+    # QueryGraph: the agent names the entity; incoming edges are what depends on it.
+    impact = stub.QueryGraph(pb.QueryGraphRequest(scope=scope, entity="vm-pool-3", max_hops=2,
+                                                  relations=sorted(IMPACT_RELATIONS),
+                                                  direction=pb.GRAPH_DIRECTION_INCOMING)).paths
+    assert [list(p.entities) for p in impact] == [["vm-pool-3", "redis-cluster"],
+                                                  ["vm-pool-3", "redis-cluster", "session-api"]]
+    placed = impact[0].edges[0]
+    assert (placed.subject, placed.relation, placed.object) == ("redis-cluster", "deployed_on", "vm-pool-3")
+    assert placed.source.startswith(f"kb:cache-{lang}@v1#")
+
+    # BuildContext: the question itself names vm-pool-3, and the graph facts around it come with it.
+    session_id = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    ctx = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=session_id, query=question))
+    facts = [it.text for s in ctx.sections for it in s.items if it.source.startswith("graph:")]
+    assert "vm-pool-3 <--deployed_on-- redis-cluster" in facts
+    assert "vm-pool-3 <--deployed_on-- redis-cluster <--depends_on-- session-api" in facts

@@ -1,11 +1,17 @@
 """extract_relations: English and Chinese service facts, lists, coordination, passives, and the
-sentences that must yield nothing (negation, naming, pronouns, non-entities)."""
+sentences that must yield nothing (negation, naming, pronouns, non-entities); recall and precision
+over a set of architecture sentences (tests/data/relation_sentences.json)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
 from sidecar.knowledge.relations import RELATIONS, Relation, extract_relations
+
+SENTENCES = Path(__file__).parent / "data" / "relation_sentences.json"
 
 
 def triples(text: str) -> list[tuple[str, str, str]]:
@@ -120,3 +126,51 @@ def test_entity_boundaries() -> None:
     ]
     # A verb inside a hyphenated name is not a verb.
     assert triples("uses-api-gateway calls auth-svc") == [("uses-api-gateway", "calls", "auth-svc")]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "redis-cluster is deployed on vm-pool-3.",
+        "redis-cluster runs on vm-pool-3.",
+        "vm-pool-3 hosts redis-cluster.",
+        "redis-cluster 部署在 vm-pool-3 上。",
+        "vm-pool-3 上运行着 redis-cluster。",
+        "redis-cluster 在 vm-pool-3 上运行。",
+    ],
+)
+def test_placement_points_from_the_workload_to_where_it_runs(text: str) -> None:
+    # Whatever the voice, the edge goes workload -> infrastructure, like depends_on goes dependent ->
+    # dependency: walking edges backwards from vm-pool-3 is what breaks if it goes down.
+    [(subject, relation, obj)] = triples(text)
+    assert (subject, obj) == ("redis-cluster", "vm-pool-3")
+    assert relation in {"deployed_on", "runs_on", "hosted_on"}
+
+
+def test_ownership_points_from_the_service_to_its_owner() -> None:
+    for text in ("team-cache owns redis-cluster.", "redis-cluster is owned by team-cache.",
+                 "redis-cluster 由 team-cache 负责。", "redis-cluster 归 team-cache 所有。"):
+        assert triples(text) == [("redis-cluster", "owned_by", "team-cache")], text
+
+
+def test_architecture_sentences_recall_and_precision() -> None:
+    """Edge-level recall and precision over ops engineers' sentences, English and Chinese, with
+    negatives that must yield nothing. Batch 1 was written first and the rules were then fitted to it;
+    batches 2 and 3 were each written after that (as first measured: recall 0.885 and precision 0.92
+    on batch 2, 0.82 and 0.90 on batch 3), then the general misses they showed were fixed too. So the
+    figures asserted here are on fitted data: expect unseen text to score nearer the first measures."""
+    cases = json.loads(SENTENCES.read_text(encoding="utf-8"))
+    assert len(cases) >= 50 and any(not c["edges"] for c in cases)
+    hits = extracted = expected = 0
+    wrong: list[tuple[str, list, list]] = []
+    for case in cases:
+        want = {tuple(edge) for edge in case["edges"]}
+        got = set(triples(case["text"]))
+        assert {relation for _, relation, _ in want} <= set(RELATIONS), case
+        hits += len(want & got)
+        extracted += len(got)
+        expected += len(want)
+        if got != want:
+            wrong.append((case["text"], sorted(got - want), sorted(want - got)))
+    recall, precision = hits / expected, hits / extracted
+    assert recall >= 0.9 and precision >= 0.95, (f"recall {recall:.3f} precision {precision:.3f}", wrong)
