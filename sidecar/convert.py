@@ -22,6 +22,7 @@ from sidecar.domain import (
     enum_value,
 )
 from sidecar.errors import InvalidArgument
+from sidecar.services.pinned import ShownPin
 
 
 def scope(request, *, user_required: bool = True) -> Scope:
@@ -165,6 +166,15 @@ def job(j) -> pb.Job:
 def run_note(n) -> pb.RunNote:
     return pb.RunNote(note_id=n.note_id, run_id=n.run_id, text=n.text, tokens=n.tokens, is_summary=n.is_summary,
                       folded_note_ids=n.folded_note_ids, created_at_ms=n.created_at_ms)
+
+
+def pinned(p: ShownPin) -> pb.PinnedConstraint:
+    c = p.constraint
+    return pb.PinnedConstraint(
+        pin_id=c.pin_id, text=c.text, tokens=c.tokens, message_id=c.message_id, session_id=c.session_id,
+        created_at_ms=c.created_at_ms, inherited=p.inherited, merged_pin_ids=p.merged_pin_ids,
+        unpinned_at_ms=c.unpinned_at_ms, unpinned_by=c.unpinned_by, unpin_reason=c.unpin_reason,
+    )
 
 
 def document_version(d) -> pb.DocumentVersion:

@@ -1,6 +1,6 @@
 import pytest
 
-from sidecar.compress.constraints import detect_constraints
+from sidecar.compress.constraints import constraint_key, detect_constraints
 
 EN_POSITIVES = [
     "Don't restart the payment-api pods.",
@@ -115,3 +115,63 @@ def test_decimal_points_do_not_split_sentences() -> None:
     assert detect_constraints("Don't upgrade past v1.2.3 on payment-api.prod please.") == [
         "Don't upgrade past v1.2.3 on payment-api.prod please."
     ]
+
+
+# A permission to do an operation is pinned as its own constraint (it lifts an earlier prohibition).
+PERMISSIONS = [
+    "you may restart staging now",
+    "You can now deploy payment-api.",
+    "Go ahead and roll back checkout-web.",
+    "It's ok to delete the old pods now.",
+    "Feel free to scale order-service down.",
+    "现在可以重启测试环境了",
+    "你可以直接回滚 checkout-web 了。",
+    "允许扩容 order-service",
+]
+NOT_PERMISSIONS = [
+    "you may not restart prod",
+    "You could restart it later",
+    "you can see the error in the logs",
+    "我们可以先重启看看",
+    "你可以看看日志",
+    "可以重启吗",
+    "I can restart it myself",
+]
+
+
+@pytest.mark.parametrize("text", PERMISSIONS)
+def test_permission_is_pinned_verbatim(text: str) -> None:
+    assert detect_constraints(text) == [text]
+
+
+@pytest.mark.parametrize("text", NOT_PERMISSIONS)
+def test_not_a_permission(text: str) -> None:
+    assert detect_constraints(text) == []
+
+
+def test_a_permission_after_a_prohibition_keeps_both_in_order() -> None:
+    msg = "不要重启生产实例。现在可以重启测试环境了。"
+    assert detect_constraints(msg) == ["不要重启生产实例。", "现在可以重启测试环境了。"]
+
+
+@pytest.mark.parametrize("a, b", [
+    ("Please, DON'T restart prod!", "do not restart prod"),
+    ("Never restart prod", "Again: never restart the prod."),
+    ("You can't touch ledger-db.", "you cannot touch ledger-db"),
+    ("不要重启生产实例。", "再说一遍：千万不要重启生产实例了！"),
+    ("请务必先备份数据库", "务必先备份数据库。"),
+])
+def test_same_rule_said_again_has_one_key(a: str, b: str) -> None:
+    assert constraint_key(a) == constraint_key(b)
+
+
+@pytest.mark.parametrize("a, b", [
+    ("You must restart the pods before the deploy.", "You must not restart the pods before the deploy."),
+    ("Do not restart prod.", "Do not restart staging."),
+    ("Only restart staging.", "Restart staging."),
+    ("Never copy prod to staging.", "Never copy staging to prod."),
+    ("不一定要先备份", "不要先备份"),  # 一定 is emphasis only without 不 before it
+    ("必须先备份数据库再重启", "必须先重启再备份数据库"),
+])
+def test_different_rules_have_different_keys(a: str, b: str) -> None:
+    assert constraint_key(a) != constraint_key(b)

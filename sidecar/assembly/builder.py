@@ -215,7 +215,8 @@ class ContextBuilder:
         if hard_tokens > budget.total:
             raise FailedPrecondition(
                 f"hard zone (system rules, tools, pinned constraints, session state, query) is {hard_tokens} tokens; "
-                f"budget.max_input - budget.reserved_for_output is {budget.total}")
+                f"budget.max_input - budget.reserved_for_output is {budget.total}"
+                + _pinned_hint(dict(hard)[Section.PINNED_CONSTRAINTS]))
         clock.lap("hard_zone")
 
         inp = BuildInput(scope=scope, view=view, run_id=req.run_id, query=req.query,
@@ -270,13 +271,19 @@ class ContextBuilder:
         facts = [Item(f"fact:{key}", CATEGORY_SESSION_STATE, 0.0, f.tokens + 1, f.rendered,
                       timestamp_ms=f.updated_at_ms)
                  for key, f in sorted(view.confirmed.items())]
+        if view.session.task:
+            # A sub-agent's task is the parent agent's word, not confirmed state (its fact is a
+            # candidate), yet the child must always see it: from the session, labelled as such.
+            task = f"task (handed over by the parent agent): {view.session.task}"
+            facts.insert(0, Item(f"task:{view.session.session_id}", CATEGORY_SESSION_STATE, 0.0,
+                                 count_tokens_cached(task) + 1, task, timestamp_ms=view.session.created_at_ms))
         state_tokens = sum(i.tokens for i in pinned + facts)
         state_tokens += (HEADER_TOKENS[Section.PINNED_CONSTRAINTS] if pinned else 0)
         state_tokens += (HEADER_TOKENS[Section.SESSION_STATE] if facts else 0)
         if state_tokens > budget.session_state:
             raise FailedPrecondition(
                 f"session_state block (confirmed facts + pinned constraints) is {state_tokens} tokens; "
-                f"budget.session_state is {budget.session_state}")
+                f"budget.session_state is {budget.session_state}" + _pinned_hint(pinned))
 
         query = [Item("query", 0, 0.0, count_tokens_cached(req.query), req.query)] if req.query else []
         hard = [(Section.SYSTEM_RULES, rules), (Section.TOOLS, tools), (Section.PINNED_CONSTRAINTS, pinned),
@@ -474,6 +481,15 @@ def _drops(live: list[CandidateBatch], batches: list[CandidateBatch], sel: fastp
 
 def _meta(b: CandidateBatch, j: int) -> tuple[int, int, float | None, tuple[str, ...]]:
     return b.meta(j) if b.meta else (0, 0, None, ())
+
+
+def _pinned_hint(pinned: list[Item]) -> str:
+    """What a hard-zone overflow message adds when pinned constraints are part of it: they only
+    leave by Unpin, so the caller is told how many there are and how to review them."""
+    if not pinned:
+        return ""
+    return (f"; {len(pinned)} pinned constraints take {sum(i.tokens for i in pinned)} tokens: review them with "
+            "ListPinned and Unpin the ones that no longer apply")
 
 
 def _kind(section: PackedSection) -> Section:

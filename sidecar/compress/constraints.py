@@ -9,14 +9,23 @@ is no longer verbatim; pinned blocks must never carry credentials.
 Questions (ending in ?/？/吗/呢, or starting with why/为什么/为啥) are never constraints,
 and well-known non-constraint phrases ("don't know", "never mind", 别人, 不要紧, 必须的吗)
 are excluded.
+
+A permission to do a side-effecting operation ("you may restart staging now", "现在可以重启测试环境了")
+is pinned too, as its own constraint: it is how the user lifts an earlier prohibition, and kept
+verbatim after it the model reads the later word as the one that holds. Nothing is ever unpinned
+by what a message says; only Unpin does that, so a permission never drops an unrelated prohibition.
+
+``constraint_key`` says when two pinned sentences are the same rule (rendered once).
 """
 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
+from sidecar.memory.filters import normalize_for_dedup
 from sidecar.secrets import contains_secret, redact
-from sidecar.textmodel import split_sentences
+from sidecar.textmodel import split_sentences, word_tokens
 
 # Words that may stand between a clause start and an imperative keyword ("Please just never…").
 _FILLERS = (
@@ -75,6 +84,26 @@ _CN_RULES: list[re.Pattern[str]] = [
     re.compile(r"(?:^|(?<=[，,：:、；\s请你您也就可先都还千万是但]))别(?![人的处名称样号墅致扭具])"),
 ]
 
+# Operations a permission may grant: the side-effecting ones prohibitions are about ("you can see
+# the error" or "可以看看日志" grant nothing).
+_OPERATIONS_EN = (
+    r"(?:restart|reboot|deploy|redeploy|roll\s*back|roll\s+out|release|delete|drop|remove|modify|change|touch|"
+    r"scale|migrate|push|merge|write|update|upgrade|downgrade|stop|kill|shut\s+down|run|execute)"
+)
+_OPERATIONS_CN = "重启|部署|发布|上线|下线|回滚|删除|删|修改|改|变更|执行|扩容|缩容|迁移|停止|停掉|关闭|关掉|升级|降级|写入|清理|动"
+_PERMISSION_RULES: list[re.Pattern[str]] = [
+    # "you may restart", "you can now deploy"; not "you may not", "you can't", "could" (a suggestion).
+    re.compile(rf"\byou\s+(?:may|can)\s+(?:now\s+|go\s+ahead\s+and\s+|safely\s+)?{_OPERATIONS_EN}\b", re.I),
+    re.compile(
+        r"\b(?:go\s+ahead\s+and|feel\s+free\s+to|(?:you\s+are|you're)\s+(?:now\s+)?(?:allowed|permitted|cleared)\s+to|"
+        rf"(?:it's|it\s+is)\s+(?:now\s+)?(?:ok|okay|fine|safe)\s+to)\s+(?:now\s+)?{_OPERATIONS_EN}\b",
+        re.I,
+    ),
+    # 可以/允许 + an operation; not 不可以, 可不可以, 只允许 (a requirement), nor a first or third person
+    # saying what they can do (我们可以先重启看看 is a suggestion).
+    re.compile(rf"(?<![不只我们他她它])(?:可以|允许|准许)(?:先|再|直接|马上|立即|随时|去)*(?:{_OPERATIONS_CN})"),
+]
+
 _QUESTION_RE = re.compile(r"(?:[?？]|[吗呢么嘛][\s。.!！~～]*)$|^(?:why|how\s+come|为什么|为啥|怎么)", re.I)
 
 
@@ -82,11 +111,12 @@ def _is_constraint(sentence: str) -> bool:
     if _QUESTION_RE.search(sentence):
         return False
     s = sentence.replace("\u2019", "'").replace("\uff07", "'")
-    return any(rx.search(s) for rx in _CN_RULES) or any(rx.search(s) for rx in _EN_RULES)
+    return any(rx.search(s) for rx in (*_CN_RULES, *_EN_RULES, *_PERMISSION_RULES))
 
 
 def detect_constraints(text: str) -> list[str]:
-    """Explicit prohibitions/requirements in a USER message, verbatim, in order, deduplicated."""
+    """Explicit prohibitions, requirements and permissions in a USER message, verbatim, in order,
+    deduplicated."""
     out: list[str] = []
     seen: set[str] = set()
     for start, end in split_sentences(text):
@@ -101,4 +131,31 @@ def detect_constraints(text: str) -> list[str]:
     return out
 
 
-__all__ = ["detect_constraints"]
+# Words that change nothing in a rule: politeness, repetition, emphasis, articles. Negations, modals,
+# quantifiers ("only", "all") and every content word stay, so "must" and "must not", production and
+# staging never share a key: merging two rules that differ in one such word would drop one of them.
+_FILLER_WORDS = frozenset("please pls kindly just really again also remember reminder note ok okay so the a an".split())
+# 一定 only where it is emphasis: 不一定要 ("need not") without it would read 不要 ("do not").
+_FILLER_CN = re.compile(r"请|再说一遍|再强调一次|重申一下|重申|记住|注意|千万|(?<!不)一定|务必|再次|再|的|了|吧|啊|呀|哦")
+_CONTRACTIONS = (
+    (re.compile(r"\bwon['\u2019]t\b", re.I), "will not"),
+    (re.compile(r"\bcan['\u2019]t\b|\bcannot\b", re.I), "can not"),
+    (re.compile(r"\bshan['\u2019]t\b", re.I), "shall not"),
+    (re.compile(r"\bdont\b", re.I), "do not"),
+    (re.compile(r"n['\u2019]t\b", re.I), " not"),
+)
+
+
+@lru_cache(maxsize=1 << 14)
+def constraint_key(text: str) -> str:
+    """Equal for two constraints that are the same rule said again: case, whitespace, punctuation,
+    contractions and filler words aside, the same words in the same order ("Please, DON'T restart
+    prod!" and "do not restart prod"). Word order is kept: "copy prod to staging" is not "copy
+    staging to prod". Cached: BuildContext asks for every pinned constraint on every call."""
+    for rx, full in _CONTRACTIONS:
+        text = rx.sub(full, text)
+    words = word_tokens(normalize_for_dedup(_FILLER_CN.sub(" ", text)))
+    return " ".join(w for w in words if w not in _FILLER_WORDS)
+
+
+__all__ = ["constraint_key", "detect_constraints"]

@@ -10,22 +10,23 @@ from sidecar.assembly.builder import CATEGORY_SESSION_STATE, Item
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory
 from sidecar.compress.trim import trim_tool_output
 from sidecar.domain import Scope, ToolResult
+from sidecar.services.pinned import PinnedService
 from sidecar.store.cache import SessionView
 from sidecar.tokens import count_tokens_cached
 
 LATEST_PRIORITY, OLDER_PRIORITY, NOTE_PRIORITY, SUBSESSION_PRIORITY = 1.0, 0.5, 0.6, 0.9
 
 
-def pinned_items(scope: Scope, view: SessionView) -> list[Item]:
-    """Every pinned constraint, verbatim, once per distinct text, oldest first."""
-    seen: set[str] = set()
+def pinned_items(pinned: PinnedService, scope: Scope, view: SessionView) -> list[Item]:
+    """The active pinned constraints verbatim, in PinnedService.shown's order (the parent sessions'
+    first, each session's oldest first), a near duplicate once: its item stands for the messages of
+    the ones merged into it too."""
     items = []
-    for p in view.pinned:
-        if p.unpinned_at_ms or p.text in seen:
-            continue
-        seen.add(p.text)
+    for s in pinned.shown(scope, view):
+        p = s.constraint
+        message_ids = tuple(dict.fromkeys([p.message_id, *(m.message_id for m in s.merged)]))
         items.append(Item(f"pinned:{p.message_id}#{p.idx}", CATEGORY_SESSION_STATE, 0.0, p.tokens, p.text,
-                          timestamp_ms=p.created_at_ms, source_message_ids=(p.message_id,)))
+                          timestamp_ms=p.created_at_ms, source_message_ids=message_ids))
     return items
 
 
