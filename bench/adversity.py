@@ -1,8 +1,8 @@
 """Adversity bench: the long versions of tests/adversity (same harness, bigger numbers).
 
 python bench/adversity.py [--quick] [--crash-cycles N] [--fuzz-requests N] [--isolation-queries N]
-                          [--soak-seconds S] [--soak-rate R] [--postgres]
-                          [--soak-serve-args ARGS] [--only crash fuzz isolation forget soak]
+                          [--soak-seconds S] [--soak-rate R] [--postgres] [--canary-secrets N]
+                          [--soak-serve-args ARGS] [--only crash fuzz isolation forget soak canaries]
 
 --quick (under two minutes): 3 crash cycles, 3,000 fuzzed requests, 1,500 isolation queries, a 15 s
 soak. Default: 20 cycles, 100,000 requests, 10,000 queries, a 2-minute soak. The last line printed
@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.adversity.canaries import canaries_on  # noqa: E402
 from tests.adversity.harness import (  # noqa: E402
     CrashLoop,
     Fuzzer,
@@ -144,7 +145,22 @@ def soak_part(tmp: Path, seconds: float, rate: float, bounds: list[str]) -> dict
     return {**r, "soak_internal_logs": server.internal_logs[:3]}
 
 
-PARTS = ("crash", "fuzz", "isolation", "forget", "soak")
+def canaries_part(tmp: Path, secrets: int, items: int, postgres: bool) -> dict:
+    """Secret and forget canaries on DuckDB (and PostgreSQL with --postgres): leaks and INTERNAL
+    answers summed over the backends, each backend's figures beside them."""
+    out: dict[str, object] = {"secret_leaks": 0, "forget_leaks": 0, "internal_errors": 0}
+    for backend in ("duckdb", "postgres") if postgres else ("duckdb",):
+        r = canaries_on(backend, tmp, secrets=secrets, items=items, seed=17)
+        out[f"canaries_{backend}"] = r
+        out["secret_leaks"] += r["secret_leaks"] + r["secret_in_own_session"] + r["secret_table_hits"] + \
+            r["secret_log_hits"] + r["secret_metric_hits"]
+        out["forget_leaks"] += r["forget_leaks"]
+        out["internal_errors"] += r["internal_errors"]
+        log("canaries", backend, {k: r[k] for k in ("secret_canaries", "secret_leaks", "forget_leaks")})
+    return out
+
+
+PARTS = ("crash", "fuzz", "isolation", "forget", "soak", "canaries")
 
 
 def main() -> None:
@@ -155,7 +171,9 @@ def main() -> None:
     p.add_argument("--isolation-queries", type=int)
     p.add_argument("--soak-seconds", type=float)
     p.add_argument("--soak-rate", type=float, default=40.0)
-    p.add_argument("--postgres", action="store_true", help="also sweep isolation on PostgreSQL (--store)")
+    p.add_argument("--canary-secrets", type=int, help="secrets written by the canaries part (default 1000)")
+    p.add_argument("--postgres", action="store_true",
+                   help="also sweep isolation and run the canaries on PostgreSQL (--store)")
     p.add_argument("--soak-serve-args", default="", metavar="ARGS",
                    help="serve options for the soak's sidecar, e.g. '--cache-messages 2000 --episodic-turns 2000 "
                         "--duckdb-memory 64MB' (small caches fill early, so the RSS must level off)")
@@ -171,6 +189,8 @@ def main() -> None:
             "fuzz": lambda: fuzz_part(tmp, a.fuzz_requests or (3000 if a.quick else 100_000), a.quick),
             "isolation": lambda: isolation_part(tmp, a.isolation_queries or (1500 if a.quick else 10_000), a.postgres),
             "forget": lambda: forget_part(tmp),
+            "canaries": lambda: canaries_part(tmp, a.canary_secrets or (300 if a.quick else 1000),
+                                              40 if a.quick else 200, a.postgres),
             "soak": lambda: soak_part(tmp, a.soak_seconds or (15.0 if a.quick else 120.0), a.soak_rate,
                                     shlex.split(a.soak_serve_args)),
         }

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from sidecar import text_caches
 from sidecar.assembly.builder import ContextBuilder
 from sidecar.assembly.message_source import MessageSource
 from sidecar.compress.service import SUMMARY_JOB, CompressionService, CompressionSettings
@@ -115,6 +116,9 @@ class Sidecar:
         self.store.append_listeners.append(self.episodic.on_append)
         self.memories.on_forget(self.episodic.forget)
         self.memories.on_delete(self.episodic.exclude)
+        self.episodic.superseded_turns = self.memories.superseded_turns
+        self.memories.on_delete(lambda scope, ids: text_caches.clear(self.embedder))
+        self.memories.on_forget(self._clear_text_caches)
         self.deletion = DeletionService(self.sessions, self.memories, self.episodic)
         requeue_interrupted(self.store)
         self.worker.start()
@@ -169,6 +173,10 @@ class Sidecar:
 
     def queue_depth(self) -> float:
         return float(self.store.queue_depth())
+
+    def _clear_text_caches(self, scope) -> dict[str, int]:
+        text_caches.clear(self.embedder)
+        return {}
 
     def _evict_user(self, scope) -> dict[str, int]:
         self.store.evict_user(scope)

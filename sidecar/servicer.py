@@ -47,8 +47,11 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
     # ------------------------------------------------------------------ messages
     def AppendMessages(self, request, context):
         scope = convert.scope(request)
-        stored = self.app.sessions.append(scope, request.session_id, convert.new_messages(request.messages))
-        return pb.AppendMessagesResponse(messages=[convert.message(m) for m in stored])
+        stored, masked = self.app.sessions.append_masked(scope, request.session_id,
+                                                         convert.new_messages(request.messages))
+        return pb.AppendMessagesResponse(
+            messages=[convert.message(m) for m in stored],
+            masked=[pb.MaskedSecret(message_index=i, kind=f.kind, placeholder=f.placeholder) for i, f in masked])
 
     def DeleteMessages(self, request, context):
         return pb.DeleteMessagesResponse(deleted=self.app.deletion.delete_messages(

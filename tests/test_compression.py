@@ -115,7 +115,7 @@ def test_secrets_never_reach_summary_pinned_or_tool_view(stub, scope, session_id
                 assert needle not in it.text, (kind, it.text)
     assert _section(resp, pb.SECTION_KIND_SUMMARY).items
     pinned = [it.text for it in _section(resp, pb.SECTION_KIND_PINNED_CONSTRAINTS).items]
-    assert any("[REDACTED" in p for p in pinned)
+    assert any("[secret:password#1]" in p for p in pinned)  # masked at ingest, the rule kept
 
 
 def test_run_notes_fold_when_full(stub, scope, session_id):

@@ -9,6 +9,9 @@ import re
 import grpc
 
 from sidecar.api import context_service_pb2 as pb
+from sidecar.compress.constraints import constraint_key
+from sidecar.memory.episodic import names_pattern
+from sidecar.tokens import count_tokens_cached
 from tests.adversity.harness import all_memories, duckdb_sql, scan_objects, table_mentions
 from tests.conftest import Running
 from tests.grpc_assert import expect_status
@@ -52,6 +55,7 @@ def test_deleted_memory_takes_its_source_turns_out_of_recall(tmp_path):
     assert {pref.memory.memory_id, billing.memory.memory_id} <= {m.memory_id for m in learnt}
     for memory in learnt:
         stub.DeleteMemory(pb.DeleteMemoryRequest(scope=scope, memory_id=memory.memory_id))
+    assert _text_caches() == []
     for query in ("where do the nightly billing jobs run?", "我默认看哪个环境？", "billing staging 测试环境"):
         got = _sources(stub, scope, later, query)
         assert not {f"message:{m.message_id}" for m in said[:1] + said[2:3]} & got, query
@@ -73,6 +77,12 @@ def _residue(running, mark: str) -> list[str]:
     return table_mentions(duckdb_sql(running.app), needles, mark) + scan_objects(running.app, needles)
 
 
+def _text_caches() -> list[str]:
+    """The process-wide caches keyed by text, which a deletion empties (they cannot be searched)."""
+    return [f"{f.__name__} holds {f.cache_info().currsize} texts"
+            for f in (count_tokens_cached, constraint_key, names_pattern) if f.cache_info().currsize]
+
+
 def test_delete_messages_takes_the_turns_and_what_was_learnt_only_from_them(fresh_server):
     stub, scope = fresh_server.stub, pb.Scope(tenant_id="t-delmsg", user_id="alice")
     sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
@@ -85,6 +95,7 @@ def test_delete_messages_takes_the_turns_and_what_was_learnt_only_from_them(fres
     doomed = [m.message_id for m in said[:4]]
     deleted = dict(stub.DeleteMessages(pb.DeleteMessagesRequest(scope=scope, session_id=sid, message_ids=doomed)).deleted)
     assert deleted["messages"] == 4 and deleted["pinned_constraints"] == 1
+    assert _text_caches() == []
     left = stub.ListMessages(pb.ListMessagesRequest(scope=scope, session_id=sid, from_seq=1)).messages
     assert [m.message_id for m in left] == [said[4].message_id, said[5].message_id]
     for s in (other, sid):
@@ -120,6 +131,7 @@ def test_delete_session_takes_it_whole_with_its_sub_sessions(fresh_server):
     assert any(x.startswith("message:") for x in _sources(stub, scope, keep, "what does the blentrix cluster run?"))
     deleted = dict(stub.DeleteSession(pb.DeleteSessionRequest(scope=scope, session_id=sid, idempotency_key="d")).deleted)
     assert deleted["sessions"] == 2 and deleted["messages"] == 5 and deleted["facts"] >= 2
+    assert _text_caches() == []
     for gone in (sid, child):
         expect_status(lambda gone=gone: stub.GetSession(pb.GetSessionRequest(scope=scope, session_id=gone)),
                       grpc.StatusCode.NOT_FOUND)
@@ -130,3 +142,27 @@ def test_delete_session_takes_it_whole_with_its_sub_sessions(fresh_server):
     again = stub.DeleteSession(pb.DeleteSessionRequest(scope=scope, session_id=sid, idempotency_key="d"))
     assert dict(again.deleted) == deleted
     assert len(stub.ListMessages(pb.ListMessagesRequest(scope=scope, session_id=keep, from_seq=1)).messages) == 1
+
+
+def test_a_superseded_memorys_turn_is_marked_and_ranks_below_the_current_one(fresh_server):
+    stub, scope = fresh_server.stub, pb.Scope(tenant_id="t-supersede", user_id="alice")
+    first = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    old = _append(stub, scope, first, "By default show me the production environment dashboards.", "Sure.")
+    stub.AddMemory(pb.AddMemoryRequest(scope=scope, type=pb.MEMORY_TYPE_PREFERENCE, subject="default_env",
+                                       content="Default environment: production",
+                                       source_message_ids=[old[0].message_id]))
+    second = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    new = _append(stub, scope, second, "Changed my mind: by default show me the staging environment dashboards.",
+                  "Noted.")
+    out = stub.AddMemory(pb.AddMemoryRequest(scope=scope, type=pb.MEMORY_TYPE_PREFERENCE, subject="default_env",
+                                             content="Default environment: staging",
+                                             source_message_ids=[new[0].message_id]))
+    assert out.outcome == pb.WRITE_OUTCOME_SUPERSEDED_OLDER
+    later = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    ctx = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=later, query="which environment dashboards "
+                                                   "do I see by default?", debug=True))
+    items = {i.source: i for s in ctx.sections for i in s.items}
+    was, now = items[f"message:{old[0].message_id}"], items[f"message:{new[0].message_id}"]
+    assert was.text.startswith("[superseded on ") and "by: Default environment: staging]" in was.text
+    assert "production environment" in was.text and not now.text.startswith("[superseded")
+    assert was.score < now.score

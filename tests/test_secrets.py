@@ -1,8 +1,19 @@
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.secrets import contains_secret, find_secrets, looks_like_raw_log, redact, shannon_entropy
+from sidecar import secrets as detector
+from sidecar.secrets import (
+    Masked,
+    contains_secret,
+    find_secrets,
+    looks_like_raw_log,
+    mask,
+    redact,
+    shannon_entropy,
+)
 
 GITHUB_TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0" * 2
 JWT = (
@@ -152,3 +163,232 @@ def test_raw_logs(text: str) -> None:
 )
 def test_not_raw_logs(text: str) -> None:
     assert not looks_like_raw_log(text)
+
+
+# --------------------------------------------------------------------------- mask()
+
+AWS_KEY = "AKIAQ7XK2M4N6P8R0T3V"
+
+
+def _masked_values(text: str) -> list[str]:
+    return [text[m.start : m.end] for m in mask(text)[1]]
+
+
+def test_mask_numbers_distinct_values_and_keeps_positions() -> None:
+    text = f"password: Hunter2-7741\nkey {AWS_KEY}\nagain password: Hunter2-7741, token={GITHUB_TOKEN}"
+    out, masked = mask(text)
+    assert [(m.kind, m.placeholder) for m in masked] == [
+        ("password", "[secret:password#1]"),
+        ("aws_access_key", "[secret:aws_access_key#2]"),
+        ("password", "[secret:password#1]"),  # the same value keeps its number
+        ("github_token", "[secret:github_token#3]"),
+    ]
+    assert [text[m.start : m.end] for m in masked] == ["Hunter2-7741", AWS_KEY, "Hunter2-7741", GITHUB_TOKEN]
+    assert out == (
+        "password: [secret:password#1]\nkey [secret:aws_access_key#2]\n"
+        "again password: [secret:password#1], token=[secret:github_token#3]"
+    )
+    assert all(isinstance(m, Masked) for m in masked)
+
+
+def test_mask_returns_clean_text_itself() -> None:
+    text = "deploy payment-api v1.2.3 to prod after the 10:00 standup"
+    out, masked = mask(text)
+    assert out is text and masked == []
+
+
+def test_masked_text_is_clean_and_stays_the_same() -> None:
+    text = (
+        f"postgres://admin:s3cret-Pa55@db.prod.internal:5432/app\nAuthorization: Bearer {JWT}\n"
+        "我的数据库密码是 Hunter2-xyz，口令：abc123!\n-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n"
+        "-----END RSA PRIVATE KEY-----"
+    )
+    once, masked = mask(text)
+    assert len(masked) == 5
+    assert "s3cret" not in once and "Hunter2-xyz" not in once and "abc123!" not in once and "MIIE" not in once
+    assert "db.prod.internal" in once  # only the password of a connection string goes
+    twice, again = mask(once)
+    assert twice is once and again == []
+    assert not contains_secret(once) and find_secrets("[secret:password#1]") == []
+    assert redact(once) is once
+
+
+def test_numbering_goes_on_after_placeholders_already_there() -> None:
+    out, masked = mask("earlier: [secret:password#1] [secret:jwt#2]; now the wifi password is Tr0ub4dor&3")
+    assert [m.placeholder for m in masked] == ["[secret:password#3]"]
+    assert out.endswith("the wifi password is [secret:password#3]")
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("我的数据库密码是 Hunter2-xyz", "Hunter2-xyz"),
+        ("口令：abc123!", "abc123!"),
+        ("the wifi password is Tr0ub4dor&3", "Tr0ub4dor&3"),
+        ("my db password is Hunter2-7741.", "Hunter2-7741"),
+        ("The password for the prod db was changed to Summer2024!", "Summer2024!"),
+        ("**Password:** P3pp3r#4", "P3pp3r#4"),
+        ("log in as root with password Vi0let@77", "Vi0let@77"),
+        ("the vpn passphrase is 'correct horse battery staple'", "correct horse battery staple"),
+        ("wifi密码是Xk9!pq2，别告诉别人", "Xk9!pq2"),
+        ("root 密码为 Passw0rd#2024。", "Passw0rd#2024"),
+        ("密码改成了 zhangsan@123 了", "zhangsan@123"),
+        ("服务器登录密码 Abc123456!", "Abc123456!"),
+        ("密码忘了，重置成 Lisi_8848 了", "Lisi_8848"),
+        ("账号密码：admin / Adm1n!2024", "Adm1n!2024"),
+        ("PGPASSWORD=q9Lk2mXz psql -h db -U app", "q9Lk2mXz"),
+        ("mysql -h db.prod -u root -pRootPw99 orders", "RootPw99"),
+        ("jdbc:mysql://db:3306/app?user=app&password=Tr0ub4dor&3x&useSSL=false", "Tr0ub4dor"),
+        ("jdbc:sqlserver://db:1433;databaseName=app;user=sa;password=Sa-Pass-99;encrypt=true", "Sa-Pass-99"),
+        ("redis://:R3dis-pw@cache.prod:6379/0", "R3dis-pw"),
+        ("amqp://orders:Rabb1t.pw@mq.prod:5672/orders", "Rabb1t.pw"),
+        ("mongodb+srv://app:M0ngo-pw@cluster0.abcde.mongodb.net/app?retryWrites=true", "M0ngo-pw"),
+        ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLE"),
+        ("the AWS secret key is Zx8/Qm3+Lp0vTn7Rk2Ws5Yd9Hc4Jf6Gb1Ne8Ua0i", "Zx8/Qm3+Lp0vTn7Rk2Ws5Yd9Hc4Jf6Gb1Ne8Ua0i"),
+    ],
+)
+def test_stated_secrets_are_masked(text: str, secret: str) -> None:
+    assert any(secret in v or v in secret and len(v) >= len(secret) - 2 for v in _masked_values(text)), text
+    assert secret not in mask(text)[0]
+
+
+def test_gcp_service_account_and_azure_connection_string() -> None:
+    key = "-----BEGIN PRIVATE KEY-----\\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\\nqg83kd9x\\n-----END PRIVATE KEY-----"
+    gcp = f'{{"type": "service_account", "private_key_id": "{"ab12" * 10}", "private_key": "{key}\\n"}}'
+    out, masked = mask(gcp)
+    assert [m.kind for m in masked] == ["private_key"] and "MIIE" not in out and "ab12ab12" in out
+    account_key = "Zm9vYmFy" * 11  # 88 chars, as Azure's are
+    azure = f"DefaultEndpointsProtocol=https;AccountName=acme;AccountKey={account_key};EndpointSuffix=core.windows.net"
+    out, masked = mask(azure)
+    assert account_key not in out and "AccountName=acme" in out and out.endswith("EndpointSuffix=core.windows.net")
+
+
+# --------------------------------------------------------------------------- detect-secrets
+
+@pytest.mark.parametrize(
+    ("secret", "kind"),
+    [
+        ("SK" + "0123456789abcdef" * 2, "twilio_api_key"),
+        ("MTk4NjIyNDgzNDcxOTI1MjQ4.Cl2FMQ.ZnCjm1XVW7vRze4b7Cq4se7kKWs", "discord_bot_token"),
+        ("123456789:AAHqzjJ6yF1bz8fjXyPq3Y2sFd8Zn0kLm4c", "telegram_bot_token"),
+        ("0123456789abcdef0123456789abcdef-us12", "mailchimp_access_key"),
+        ("AKCp8ihpN4bkL3d2XnFk", "artifactory_credentials"),
+    ],
+)
+def test_library_detections_are_masked(secret: str, kind: str) -> None:
+    text = f"ops handover: use {secret} for the bot, rotate on Friday"
+    out, masked = mask(text)
+    assert secret not in out
+    assert [m.kind for m in masked] == [kind]
+    assert text[masked[0].start : masked[0].end] == secret
+
+
+def test_library_and_own_findings_merge_into_one_placeholder() -> None:
+    # Our JWT and bearer patterns and the library's JWT plugin all see this token: one span, our kind.
+    text = f"curl -H 'Authorization: Bearer {JWT}' https://api.example.com/v1/me"
+    out, masked = mask(text)
+    assert [m.kind for m in masked] == ["jwt"] and out.count("[secret:") == 1
+    slack = "https://hooks.slack.com/services/T0A1B2C3D/B0E1F2G3H4/" + "aZ3kQ9mX2pL7vN4c"
+    assert [m.kind for m in mask(f"webhook: {slack}")[1]] == ["slack_token"]
+
+
+def _plugin_regexes() -> list[tuple[str, re.Pattern[str]]]:
+    return [(p.kind, rx) for p in detector._PLUGINS for rx in getattr(type(p.plugin), "denylist", ())]
+
+
+@pytest.mark.parametrize(("kind", "rx"), _plugin_regexes(), ids=lambda v: getattr(v, "pattern", v)[:40])
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_gates_never_hide_a_library_finding(kind: str, rx: re.Pattern[str], data: st.DataObject) -> None:
+    """Whatever a plugin finds on a line, its gates let it run there (gates are a superset)."""
+    alphabet = st.characters(codec="ascii", exclude_characters="\n")
+    line = data.draw(st.from_regex(rx, alphabet=alphabet))
+    plugin = next(p for p in detector._PLUGINS if p.kind == kind and rx in type(p.plugin).denylist)
+    found = [v for v in plugin.plugin.analyze_string(line) if v.strip().strip("\"'").lstrip("=:").split()]
+    if found:
+        hay = detector._hay(line)
+        assert any(g.needle in (hay.found_low if g.folded else hay.found)
+                   and g.rx.search(hay.low if g.folded else line) for g in plugin.gates), line
+
+
+# --------------------------------------------------------------------------- false masks
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "git log shows 3f786850e387550fdab836ed7e6dc881de23001b and 9fceb02 merged into main",
+        "trace 123e4567-e89b-12d3-a456-426614174000 span b8b6d8fe442e3d43 took 812 ms",
+        "kubectl -n prod delete pod payment-api-7d9f8b6c5-x2x4z order-service-5c6d7e8f9-abcde",
+        "see https://grafana.example.com/d/AbC123xYz/payment-api?orgId=1&from=now-6h and www.example.com/docs",
+        "docs at https://www.youtube.com/watch?v=dQw4w9WgXcQ and https://docs.google.com/d/1MqJ9r3N0eJFbW8F3T2P",
+        "今天生产环境的 order-service 超时了，密码是多少？我忘了，回头问一下运维",
+        "rollback done 🎉🚀 p99 back to 120ms, error budget fine 👍",
+        "the password is case-sensitive and the token is expired",
+        "**Check your password**: If you're still locked out, reset it.",
+        "const apiKey = process.env.DATA_API_KEY; this.apiKey = apiKey;",
+        "api_key = 'YOUR_API_KEY'  # replace with your own",
+        'password = request.form["password"]',
+        "pydantic model: password: str, email: str",
+        "feeGrowthGlobal0X128 and T5ForConditionalGeneration and S3OperationException",
+        'integrity="sha384-KyZXEAg3QhqLMpG8r+Knujsl5/J5f5jU1wFzgW6xZI6loz6ldkgnC6fH1W9W1qw"',
+        "ED25519 key fingerprint is SHA256:gdD8jZnn7uZBMNcRA9ptCg+2Ws6r1nBd2bzekCA65yU.",
+        "2026-03-02T10:16:07.507Z INFO [billing-worker] request_id=c9e9c616612e7696a6cecc1b78e51061 status=200",
+        "login: https://sso.example.com/login then pick the prod account",
+    ],
+)
+def test_no_false_mask_on_ops_text(text: str) -> None:
+    out, masked = mask(text)
+    assert masked == [] and out is text
+
+
+# --------------------------------------------------------------------------- property tests
+
+_B62 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+_SECRETS = st.one_of(
+    st.from_regex(r"AKIA[0-9A-Z]{16}", fullmatch=True),
+    st.from_regex(rf"ghp_[{_B62}]{{36}}", fullmatch=True),
+    st.from_regex(rf"sk_live_[{_B62}]{{24}}", fullmatch=True),
+    st.from_regex(rf"xoxb-[0-9]{{12}}-[0-9]{{12}}-[{_B62}]{{24}}", fullmatch=True),
+    st.from_regex(rf"glpat-[{_B62}_-]{{20}}", fullmatch=True),
+    st.from_regex(rf"AIza[{_B62}_-]{{35}}", fullmatch=True),
+    st.from_regex(rf"SG\.[{_B62}_-]{{22}}\.[{_B62}_-]{{43}}", fullmatch=True),
+)
+_PASSWORDS = st.from_regex(r"[A-Za-z]{2,8}[0-9]{1,4}[-!@#$%&*_]?[A-Za-z0-9]{0,4}", fullmatch=True)
+_CARRIERS = (
+    "password: {s}", "the password is {s}", "my db password is {s}", "DB_PASSWORD={s}", "密码是 {s}", "口令：{s}",
+    "postgres://app:{s}@db.internal:5432/app", "新密码：{s}",
+)
+_WORDS_EN = st.lists(st.sampled_from(["deploy", "the", "prod", "cluster", "after", "standup", "rotate", "it",
+                                      "please", "again", "today", "pod", "logs", "ok", "thanks", "v1.2.3"]),
+                     max_size=8)
+_WORDS_ZH = st.lists(st.sampled_from(["请", "帮我", "看一下", "生产环境", "今天", "记得", "轮换", "谢谢"]), max_size=5)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.one_of(_SECRETS.map(lambda s: (s, "{s}")), st.tuples(_PASSWORDS, st.sampled_from(_CARRIERS))),
+    _WORDS_EN, _WORDS_EN, _WORDS_ZH, st.sampled_from([" ", "\n", "，", ". "]),
+)
+def test_random_secrets_in_random_sentences_are_masked(
+    secret_and_carrier: tuple[str, str], before: list[str], after: list[str], zh: list[str], sep: str
+) -> None:
+    secret, carrier = secret_and_carrier
+    text = " ".join(before) + " " + carrier.format(s=secret) + sep + "".join(zh) + " ".join(after)
+    out, masked = mask(text)
+    covered = set().union(*(range(m.start, m.end) for m in masked)) if masked else set()
+    start = text.index(secret)
+    assert set(range(start, start + len(secret))) <= covered, (text, masked)
+    assert secret not in out
+    assert mask(out)[0] == out  # idempotent
+
+
+_NOISE = ["a", "Z", "9", " ", ":", "=", "/", "@", ".", "-", "_", "'", '"', "\n", "密码", "是", "：", "password", "token",
+          "secret", "[secret:jwt#1]", "AKIA", "://", "eyJ", "Hunter2!", "is", "with", "0123456789ABCDEFGHIJ"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_NOISE), max_size=40).map("".join))
+def test_mask_is_idempotent_on_noise(text: str) -> None:
+    once, masked = mask(text)
+    assert mask(once)[0] == once
+    assert all(text[m.start : m.end] and m.placeholder in once for m in masked)

@@ -24,7 +24,7 @@ from sidecar.domain import (
 )
 from sidecar.errors import FailedPrecondition, NotFound
 from sidecar.ids import check_id, check_text, new_id
-from sidecar.secrets import redact
+from sidecar.secrets import mask, redact
 from sidecar.services.facts import FactInput, FactService
 from sidecar.services.runs import RunService
 from sidecar.services.sessions import SessionService
@@ -79,6 +79,7 @@ class CompressionService:
         check_id(call_id, "call_id", required=False)
         check_text(tool_name, "tool_name", 256, required=True)
         check_text(full_text, "full_text", MAX_TOOL_TEXT)
+        full_text = mask(full_text)[0]  # a credential in tool output is never stored
         view = self.sessions.open_view(scope, session_id)
         result_id = new_id("tool")
         focus = focus_terms(view) | {tool_name.lower()}
@@ -106,7 +107,7 @@ class CompressionService:
         view = self.sessions.open_view(scope, session_id)
         self.runs.get(scope, session_id, run_id)  # the run must exist in this session
         existing = view.notes.get(run_id, [])
-        clean = redact(text)
+        clean = mask(text)[0]
         note = RunNote(note_id=new_id("note"), session_id=session_id, run_id=run_id,
                        seq=(existing[-1].seq + 1) if existing else 1, text=clean,
                        tokens=tokens.count_tokens(clean) + 1, is_summary=False, folded_note_ids=[],
@@ -176,7 +177,10 @@ class CompressionService:
                                      parent_session_id=parent_session_id, task=redact(task))
         handed = [FactInput(k, parent.confirmed[k].value, parent.confirmed[k].provenance, f"handoff:{parent_session_id}")
                   for k in fact_keys]
-        handed.append(FactInput("task", redact(task), Provenance.USER_CONFIRMED, f"handoff:{parent_session_id}"))
+        # The parent agent words the task, not the user: a candidate, never confirmed state (nor handed on
+        # as confirmed to a grandchild). The child still sees it: BuildContext shows the session's task.
+        # The parent's pinned constraints are not copied: PinnedService reads them at every call.
+        handed.append(FactInput("task", child.task, Provenance.MODEL_INFERRED, f"handoff:{parent_session_id}"))
         self.facts.upsert(scope, child.session_id, handed)
         return child
 

@@ -94,6 +94,11 @@ class MiniLMEmbedder:
             got = [fresh[t] if v is None else v for t, v in zip(texts, got, strict=True)]
         return np.stack(got)  # a copy: the kept rows are never handed out
 
+    def forget_texts(self) -> None:
+        """Drop the kept recent texts (a deletion: deleted words must not live on here)."""
+        with self._lock:
+            self._recent.clear()
+
     def _encode(self, texts: Sequence[str]) -> np.ndarray:
         with self._torch.inference_mode():
             return np.asarray(self._model.encode(list(texts), normalize_embeddings=True, batch_size=64,

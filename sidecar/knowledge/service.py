@@ -24,6 +24,7 @@ from sidecar.knowledge.graph import EdgeIndex
 from sidecar.knowledge.graph import Path as GraphPath
 from sidecar.knowledge.index import ChunkEntry, TenantKnowledge
 from sidecar.knowledge.relations import extract_relations
+from sidecar.secrets import mask
 
 log = logging.getLogger("sidecar.knowledge")
 
@@ -133,6 +134,7 @@ class KnowledgeService:
         check_id(doc_id, "doc_id")
         check_text(title, "title", 1024)
         check_text(text, "text", MAX_DOC_TEXT, required=True)
+        text, title = mask(text)[0], mask(title)[0]  # a manual's sample credentials are not kept either
         for i, role in enumerate(roles):
             if not _ROLE_RE.match(role):
                 raise InvalidArgument(f"allowed_roles[{i}] {role[:40]!r} may only contain letters, digits and -_.:@")

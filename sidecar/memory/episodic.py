@@ -58,6 +58,7 @@ from sidecar.domain import Category, Message, Role, Scope, render_message_line
 from sidecar.index.embedders import Embedder
 from sidecar.index.int8 import quantize_rows
 from sidecar.index.word_vectors import StaticEmbedder, default_vectors
+from sidecar.memory.recall import SupersededTurn
 from sidecar.text import STOPWORDS
 from sidecar.tokens import count_line, count_lines
 
@@ -1092,6 +1093,9 @@ class EpisodicSource:
         self._ranked = _RankedCache()
         self._lock = threading.RLock()
         self._closing = threading.Event()
+        # The app's MemoryService.superseded_turns: turns a superseded memory was learnt from are
+        # marked when recalled and never outrank the current memory's turns.
+        self.superseded_turns: Callable[[Scope], dict[str, SupersededTurn]] | None = None
 
     def warm_up(self) -> None:
         """Build the per-stem word vectors (~0.3 s), the concepts' kin and every stem's similar stems
@@ -1316,6 +1320,9 @@ class EpisodicSource:
         batch.age_s = age
         batch.exact_keys = state.exact[rows]
         batch.simhashes = state.simhash[rows]
+        marks = self.superseded_turns(inp.scope) if self.superseded_turns is not None else {}
+        if marks:
+            _mark_superseded(state, batch, row_list, marks)
         headers: list[ItemMeta] = self._day_headers(state, batch, rows) if not state.dated else []
         batch.priority = np.zeros(len(batch.texts))
         batch.meta = partial(_turn_meta, state, row_list, headers, batch.order)
@@ -1346,6 +1353,27 @@ class EpisodicSource:
         batch.exact_keys = np.concatenate([np.array(exact, np.uint64), batch.exact_keys])
         batch.simhashes = np.concatenate([np.array(simhash, np.uint64), batch.simhashes])
         return metas
+
+
+def _mark_superseded(state: _UserIndex, batch: CandidateBatch, rows: list[int],
+                     marks: dict[str, SupersededTurn]) -> None:
+    """A recalled turn whose memory was superseded says so, with the date and what replaced it, and
+    ranks at half its relevance and below every turn of the current memory among the candidates."""
+    hit = [j for j, row in enumerate(rows) if state.ids[row] in marks]
+    if not hit:
+        return
+    relevance = np.array(batch.relevance, np.float64)
+    texts, bodies, toks = list(batch.texts), list(batch.bodies), np.array(batch.tokens, np.int32)
+    for j in hit:
+        row = rows[j]
+        mark = marks[state.ids[row]]
+        current = [relevance[k] for k, r in enumerate(rows) if state.ids[r] in mark.current_sources]
+        relevance[j] = min([relevance[j] * 0.5, *(0.99 * c for c in current)])
+        texts[j] = f"[superseded on {date_label(mark.at_ms)[1:-1]} by: {mark.by}] {state.texts[row]}"
+        toks[j] = count_line(texts[j])
+        bodies[j] = fastpath.encode_item(state.sources[row], Category.MEMORIES, int(toks[j]), texts[j],
+                                         int(state.roles[row]), int(state.timestamps[row]), (state.ids[row],))
+    batch.relevance, batch.texts, batch.bodies, batch.tokens = relevance, texts, bodies, toks
 
 
 def _index_knobs(r: Ranking) -> tuple[int, bool, int, int, float, bool]:
@@ -1420,12 +1448,12 @@ def _dense_query(query: str, state: _UserIndex | None, r: Ranking) -> str:
     off ("What did Ann's dog eat?" -> "What did dog eat?"; the speaker boost has the names)."""
     if r.dense_query_names or state is None or not state.name_words:
         return query
-    out = _names_re(state.name_words).sub("", query).strip()
+    out = names_pattern(state.name_words).sub("", query).strip()
     return out if _WORD_RE.search(out.lower()) else query  # only names: the query as asked
 
 
 @lru_cache(maxsize=256)
-def _names_re(names: tuple[str, ...]) -> re.Pattern[str]:
+def names_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile(r"\b(?:" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
                       + r")(?:'s)?\b\s*", re.I)
 

@@ -10,7 +10,7 @@ from sidecar.domain import Authority, Job, MemoryType, Scope
 from sidecar.memory.extract import Extractor, MemoryCandidate
 from sidecar.memory.filters import filter_candidates, is_low_information
 from sidecar.memory.service import MemoryInput, MemoryService
-from sidecar.secrets import contains_secret, redact
+from sidecar.secrets import PLACEHOLDER_RE, contains_secret, redact
 from sidecar.textmodel import Turn
 
 EXTRACT_JOB = "extract_memories"
@@ -42,12 +42,14 @@ class ExtractionPipeline:
         counts["skipped_low_information_turns"] = len(turns) - len(useful)
         if not useful:
             return counts
-        # Secrets are cut out before extraction, so no fragment of one can reach a memory; a candidate
-        # that would carry the redaction marker is refused as a secret.
+        # Secrets are masked at ingest and cut out again here (a row written before masking), so no
+        # fragment of one can reach a memory; a candidate that carries a mask or the redaction marker
+        # ("use this password: [secret:password#1]") is refused as a secret: it is no use without it.
         useful = [replace(t, text=redact(t.text)) if contains_secret(t.text) else t for t in useful]
         candidates = self.extractor.extract(useful)
-        counts["rejected_secret"] += sum(REDACTION_MARK in c.content for c in candidates)
-        candidates = [c for c in candidates if REDACTION_MARK not in c.content]
+        secret = [_holds_secret_mark(c.content) for c in candidates]
+        counts["rejected_secret"] += sum(secret)
+        candidates = [c for c, s in zip(candidates, secret, strict=True) if not s]
         result = filter_candidates(candidates, min_confidence=self.min_confidence,
                                    source_texts={t.message_id: t.text for t in turns})
         for _, reason in result.rejected:
@@ -56,6 +58,10 @@ class ExtractionPipeline:
             written = self.memories.write(scope, to_input(cand))
             counts[written.outcome if written.outcome != "rejected" else f"rejected_{written.reason}"] += 1
         return counts
+
+
+def _holds_secret_mark(text: str) -> bool:
+    return REDACTION_MARK in text or PLACEHOLDER_RE.search(text) is not None
 
 
 def to_input(cand: MemoryCandidate) -> MemoryInput:

@@ -20,6 +20,15 @@ if TYPE_CHECKING:  # the source module imports this one
 AUTHORITY_BONUS = {Authority.USER_STATED: 0.05, Authority.TOOL_VERIFIED: 0.03, Authority.INFERRED: 0.0}
 
 
+@dataclass(frozen=True, slots=True)
+class SupersededTurn:
+    """A turn a superseded memory was learnt from: when it was superseded and by what."""
+
+    at_ms: int
+    by: str  # the current memory's content
+    current_sources: frozenset[str]  # the turns the current memory was learnt from
+
+
 @dataclass(slots=True)
 class ScoredMemory:
     memory: Memory
@@ -40,9 +49,13 @@ class UserMemories:
     # it (rendered text, wire bytes, term ids, ...); dropped on every change of that memory.
     prepared: dict[str, PreparedMemory] = field(default_factory=dict)
     _prefs: list[Memory] | None = None  # cache of top_preferences, dropped on every change
+    # source turn id -> how a superseded memory learnt from it was replaced (MemoryService.superseded_turns),
+    # dropped on every change
+    turn_marks: dict[str, SupersededTurn] | None = None
 
     def add(self, memory: Memory, vector: np.ndarray) -> None:
         self._prefs = None
+        self.turn_marks = None
         self.prepared.pop(memory.memory_id, None)
         self.active[memory.memory_id] = memory
         if memory.subject:
@@ -53,6 +66,7 @@ class UserMemories:
         memory = self.active.pop(memory_id, None)
         self.prepared.pop(memory_id, None)
         self._prefs = None
+        self.turn_marks = None
         if memory is None:
             return False
         if memory.subject:
@@ -65,6 +79,7 @@ class UserMemories:
         self.index.set_prior(memory.memory_id, AUTHORITY_BONUS[memory.authority])
         self.prepared.pop(memory.memory_id, None)
         self._prefs = None
+        self.turn_marks = None
 
     def top_preferences(self, n: int) -> list[Memory]:
         """The n strongest, newest preferences, kept sorted on write (not scanned per call)."""

@@ -18,7 +18,7 @@ from sidecar.index.embedders import Embedder, client_vector
 from sidecar.index.hybrid import HybridIndex
 from sidecar.memory.extract import derive_subject
 from sidecar.memory.filters import near_duplicate
-from sidecar.memory.recall import ScoredMemory, UserMemories, scope_key
+from sidecar.memory.recall import ScoredMemory, SupersededTurn, UserMemories, scope_key
 from sidecar.secrets import contains_secret, looks_like_raw_log
 from sidecar.services.sessions import check_page_size, decode_page_token
 
@@ -308,6 +308,28 @@ class MemoryService:
             if gone:
                 self.invalidate(scope)  # rebuilt from rows: no word or subject of the deleted ones lingers
         return gone
+
+    def superseded_turns(self, scope: Scope) -> dict[str, SupersededTurn]:
+        """The source turns of the user's superseded memories (those not also sources of the memory that
+        replaced them), with the date and content of the current one, so recall can mark them."""
+        state = self.user(scope)
+        marks = state.turn_marks
+        if marks is not None:
+            return marks
+        marks = {}
+        if state.superseded:
+            rows = {m.memory_id: m for m in self.store.list_memories(
+                scope, limit=1_000_000, offset=0, types=[], include_inactive=True, now_ms=0)}
+            for m in rows.values():
+                current, hops = rows.get(m.superseded_by), 0
+                while current is not None and current.status == MemoryStatus.SUPERSEDED and hops < 64:
+                    current, hops = rows.get(current.superseded_by), hops + 1
+                if m.status != MemoryStatus.SUPERSEDED or current is None or current.status != MemoryStatus.ACTIVE:
+                    continue
+                mark = SupersededTurn(m.updated_at_ms, current.content, frozenset(current.source_message_ids))
+                marks.update((mid, mark) for mid in m.source_message_ids if mid not in mark.current_sources)
+        state.turn_marks = marks
+        return marks
 
     def history(self, scope: Scope, memory_id: str) -> list[MemoryChange]:
         check_id(memory_id, "memory_id")

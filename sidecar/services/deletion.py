@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sidecar import text_caches
 from sidecar.domain import Scope
 from sidecar.errors import InvalidArgument, NotFound
 from sidecar.ids import check_id
@@ -48,4 +49,5 @@ class DeletionService:
         counts["episodic_index"] = self.episodic.indexed(scope)
         self.episodic.drop_user(scope)
         self.store.evict_user(scope)  # the session's view, and its sub-sessions'
+        text_caches.clear(self.memories.embedder)
         return counts

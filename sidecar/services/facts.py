@@ -12,6 +12,7 @@ from sidecar.clock import now_ms
 from sidecar.domain import Fact, FactChange, FactStatus, Provenance, Scope, render_fact_line
 from sidecar.errors import InvalidArgument, NotFound
 from sidecar.ids import check_text
+from sidecar.secrets import mask
 from sidecar.services import limits
 from sidecar.services.sessions import SessionService
 from sidecar.store.cache import SessionView
@@ -54,6 +55,7 @@ class FactService:
         written: dict[tuple[str, FactStatus], Fact] = {}
         changes: list[FactChange] = []
         for f in inputs:
+            f.value = mask(f.value)[0]  # state is rendered into every prompt: never a credential
             status = FactStatus.CANDIDATE if f.provenance == Provenance.MODEL_INFERRED else FactStatus.CONFIRMED
             fact = Fact(key=f.key, value=f.value, provenance=f.provenance, source=f.source, updated_at_ms=at,
                         status=status, version=self._next_version(view, f.key, written),

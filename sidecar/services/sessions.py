@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from sidecar import tokens
 from sidecar.clock import now_ms
@@ -10,6 +11,7 @@ from sidecar.compress.constraints import detect_constraints
 from sidecar.domain import Message, NewMessage, Role, Scope, Session, SessionStatus, render_message_line
 from sidecar.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from sidecar.ids import check_id, check_text, new_id
+from sidecar.secrets import Masked, mask
 from sidecar.services import limits
 from sidecar.store.cache import CachingStore, SessionView
 
@@ -86,6 +88,12 @@ class SessionService:
 
     # ------------------------------------------------------------------ messages
     def append(self, scope: Scope, session_id: str, messages: Sequence[NewMessage]) -> list[Message]:
+        return self.append_masked(scope, session_id, messages)[0]
+
+    def append_masked(self, scope: Scope, session_id: str,
+                      messages: Sequence[NewMessage]) -> tuple[list[Message], list[tuple[int, Masked]]]:
+        """Store a batch with every secret masked before anything is stored, counted or indexed;
+        also returns what was masked, by the message's index in the batch."""
         check_id(session_id, "session_id")
         if not messages:
             raise InvalidArgument("messages must hold at least one message")
@@ -105,6 +113,13 @@ class SessionService:
             raise ResourceExhausted(
                 f"session_id {session_id!r} holds {view.session.message_count} messages; the cap is "
                 f"{self.max_session_messages} per session")
+        masked: list[tuple[int, Masked]] = []
+        clean: list[NewMessage] = []
+        for i, m in enumerate(messages):
+            text, found = mask(m.text)
+            masked += [(i, f) for f in found]
+            clean.append(replace(m, text=text) if found else m)
+        messages = clean
         # Counted once here; every later read uses the stored counts.
         counts = list(zip(tokens.count_many([m.text for m in messages]),
                           tokens.count_many([render_message_line(m.role, m.speaker, m.text) for m in messages]),
@@ -112,7 +127,7 @@ class SessionService:
         # Explicit user prohibitions and requirements are pinned verbatim at ingest (hard zone).
         pinned = [(i, text, tokens.count_tokens(text) + 1)
                   for i, m in enumerate(messages) if m.role == Role.USER for text in detect_constraints(m.text)]
-        return self.store.append_messages(scope, session_id, messages, counts, now_ms(), pinned)
+        return self.store.append_messages(scope, session_id, messages, counts, now_ms(), pinned), masked
 
     def list_messages(self, scope: Scope, session_id: str, newest: int, from_seq: int, to_seq: int) -> list[Message]:
         self.view(scope, session_id)

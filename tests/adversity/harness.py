@@ -658,7 +658,8 @@ def fuzz_strategies(pools: dict[str, list[str]], *, huge_p: int = 300):
 
 
 # Near-valid requests of these go to the other tenant: a valid one would empty the seeded tenant.
-DESTRUCTIVE = {"ForgetUser", "CloseSession", "DeleteDocument", "DeleteMemory", "DeleteEdges"}
+DESTRUCTIVE = {"ForgetUser", "CloseSession", "DeleteDocument", "DeleteMemory", "DeleteEdges", "DeleteSession",
+               "DeleteMessages", "Unpin"}
 
 
 def _set_field(req, name: str, value) -> None:
