@@ -208,3 +208,19 @@ def test_sub_session_task_is_the_parent_agents_word_not_confirmed_state(stub, sc
     # Not confirmed, so it cannot be handed on to a grandchild as if the user had said it.
     expect_status(lambda: _child(stub, scope, child, task="x", fact_keys=["task"]), grpc.StatusCode.NOT_FOUND,
                   "fact_keys[0]")
+
+
+def test_a_sub_agent_gets_long_term_memories_only_by_relevance_to_its_task(stub, scope, session_id):
+    pref = stub.AddMemory(pb.AddMemoryRequest(scope=scope, type=pb.MEMORY_TYPE_PREFERENCE,
+                                              content="I prefer answers with emoji and a joke")).memory
+    fact = stub.AddMemory(pb.AddMemoryRequest(scope=scope, type=pb.MEMORY_TYPE_SEMANTIC,
+                                              content="The billing database is payments-db-7 in eu-west-1")).memory
+    child = stub.CreateSubSession(pb.CreateSubSessionRequest(
+        scope=scope, parent_session_id=session_id, task="check replication lag of the billing database")).session_id
+
+    def memories(sid):
+        ctx = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid, query="start"))
+        return {i.source for s in ctx.sections for i in s.items if i.source.startswith("memory:")}
+
+    assert memories(child) == {f"memory:{fact.memory_id}"}
+    assert f"memory:{pref.memory_id}" in memories(session_id)  # the parent's preferences always compete

@@ -1,5 +1,7 @@
 """Long-term memories as BuildContext candidates (category memories, source tag memory:<id>).
-The user's preferences always compete; other memories only when they match the query."""
+The user's preferences always compete; other memories only when they match the query. In a
+sub-agent's session nothing competes by default: memories reach it only by relevance to its task
+and query (the parent agent hands over what it must know)."""
 
 from __future__ import annotations
 
@@ -38,9 +40,16 @@ class MemorySource:
 
     def query_texts(self, inp: BuildInput) -> list[str]:
         """The query, embedded for the user's memories (if any) unless the client sent its vector."""
-        if inp.budget.memories <= 0 or not inp.query or client_vector_of(inp.query_embedding, self.memories.embedder.dim) is not None:
+        query = _query(inp)
+        if inp.budget.memories <= 0 or not query or self._client_vector(inp) is not None:
             return []
-        return [inp.query] if self.memories.user(inp.scope).active else []
+        return [query] if self.memories.user(inp.scope).active else []
+
+    def _client_vector(self, inp: BuildInput) -> np.ndarray | None:
+        # A client's vector embeds its query alone, not a sub-agent's task with it.
+        if inp.view.session.parent_session_id:
+            return None
+        return client_vector_of(inp.query_embedding, self.memories.embedder.dim)
 
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
         batch = CandidateBatch(category=SoftCategory.MEMORIES, section=Section.MEMORIES)
@@ -51,12 +60,13 @@ class MemorySource:
             state = self.memories.user(inp.scope)
             if not state.active:
                 return [batch]
-            vector = client_vector_of(inp.query_embedding, self.memories.embedder.dim)
-            if vector is None and inp.query:
-                vector = self.memories.embedder.embed([inp.query])[0]
+            query, sub_agent = _query(inp), bool(inp.view.session.parent_session_id)
+            vector = self._client_vector(inp)
+            if vector is None and query:
+                vector = self.memories.embedder.embed([query])[0]
             picked: dict[str, tuple[Memory, float]] = {}
             # The index's keys and scores in UserMemories.search's order, without a hit object per memory.
-            keys, scores = state.index.ranked(vector, query_terms(inp.query), TOP_K)
+            keys, scores = state.index.ranked(vector, query_terms(query), TOP_K)
             for key, score in sorted(zip(keys, scores, strict=True), key=lambda h: best_first(h[1], h[0])):
                 m = state.active.get(key)
                 if m is None:
@@ -64,11 +74,11 @@ class MemorySource:
                 if m.expired(now):
                     batch.dropped.append(SourceDrop(f"memory:{m.memory_id}", SoftCategory.MEMORIES, DROP_EXPIRED,
                                                     m.tokens))
-                elif m.type == MemoryType.PREFERENCE:
+                elif m.type == MemoryType.PREFERENCE and not sub_agent:
                     picked[key] = (m, max(score, PREFERENCE_FLOOR + AUTHORITY_BONUS[m.authority]))
                 elif score >= MIN_RELEVANCE:
                     picked[key] = (m, score)
-            for m in state.top_preferences(MAX_PREFERENCES):
+            for m in () if sub_agent else state.top_preferences(MAX_PREFERENCES):
                 if m.memory_id not in picked and not m.expired(now):
                     picked[m.memory_id] = (m, PREFERENCE_FLOOR + AUTHORITY_BONUS[m.authority])
             for key in picked:
@@ -116,3 +126,9 @@ def _prepare(state: UserMemories, m: Memory) -> PreparedMemory:
         text, source, m.tokens, term_ids(terms(m.content)), body, meta, state.index.vector(m.memory_id),
         0.1 * m.confidence, m.updated_at_ms, (int(exact[0]), int(simhash[0])))
     return prepared
+
+
+def _query(inp: BuildInput) -> str:
+    """What memories are ranked by: the query, and in a sub-agent's session its task too."""
+    task = inp.view.session.task if inp.view.session.parent_session_id else ""
+    return f"{inp.query} {task}".strip() if task else inp.query
