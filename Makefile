@@ -5,8 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 SOURCES := pyproject.toml setup.py $(wildcard proto/context_sidecar/v1/*.proto) $(wildcard fastpath/*.pyx fastpath/*.pxd)
 PYTEST_ARGS ?=
+ARGS ?=
 
-.PHONY: install run test compile lint bench clean
+.PHONY: install run demo test compile lint bench clean
 
 $(STAMP): $(SOURCES)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,8 +17,14 @@ $(STAMP): $(SOURCES)
 install: $(STAMP)
 
 # Serves ContextService on 127.0.0.1:50051 with the embedded DuckDB file ./data/sidecar.duckdb.
+# ARGS go to `serve` and come last, so they may override these: make run ARGS="--metrics-port 9464".
 run: $(STAMP)
-	$(BIN)/python -m sidecar serve --db ./data/sidecar.duckdb --listen 127.0.0.1:50051
+	$(BIN)/python -m sidecar serve --db ./data/sidecar.duckdb --listen 127.0.0.1:50051 $(ARGS)
+
+# The OpsPilot demo against a running sidecar (`make run` in another terminal); the token comes from
+# SIDECAR_AUTH_TOKEN. ARGS go to `demo`: make demo ARGS="--address 127.0.0.1:50052".
+demo: $(STAMP)
+	$(BIN)/python -m sidecar demo $(ARGS)
 
 # The whole suite. pytest's exit 5 (no tests collected) is a failure, not a pass.
 test: $(STAMP)

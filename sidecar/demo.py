@@ -1,19 +1,21 @@
 """The OpsPilot demo (issue #8), end to end against a running sidecar:
 
-    python -m sidecar demo [--address HOST:PORT]        (default 127.0.0.1:50051)
+    python -m sidecar demo [--address HOST:PORT] [--auth-token T] [--tls-ca PEM]   (default 127.0.0.1:50051)
 
 A tenant's runbooks are ingested (one SRE-only, plus a service-dependency doc so graph facts exist),
 a user who prefers concise answers and forbids restarting production works a payment-api 5xx
 incident over several turns with tool calls, facts carry provenance (a model guess stays a candidate
 until a tool confirms it), the run pauses for human approval of a staging restart and resumes, and
 the assembled context is printed section by section with source tags, scores and tokens, plus the
-dropped report and the knowledge status. Each run uses its own tenant unless --tenant is given.
+dropped report and the knowledge status. Each run uses its own tenant unless --tenant is given. The
+token comes from --auth-token or SIDECAR_AUTH_TOKEN, as the sidecar's own does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import uuid
 
@@ -220,15 +222,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", default="127.0.0.1:50051", help="sidecar HOST:PORT (default 127.0.0.1:50051)")
     parser.add_argument("--tenant", default="", help="tenant id (default: a fresh opspilot-<hex> per run)")
     parser.add_argument("--user", default="alice")
-    parser.add_argument("--auth-token", default="", help="bearer token, when the sidecar requires one")
+    parser.add_argument("--auth-token", default=os.environ.get("SIDECAR_AUTH_TOKEN", ""),
+                        help="bearer token, when the sidecar requires one (env SIDECAR_AUTH_TOKEN)")
+    parser.add_argument("--tls-ca", default="", help="PEM certificate to trust: connect over TLS (a sidecar "
+                        "served with --tls-cert)")
     parser.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the sidecar")
     args = parser.parse_args(argv)
     tenant = args.tenant or f"opspilot-{uuid.uuid4().hex[:8]}"
-    channel = grpc.insecure_channel(args.address)
+    if args.tls_ca:
+        try:
+            with open(args.tls_ca, "rb") as f:
+                trusted = f.read()
+        except OSError as e:
+            print(f"cannot read --tls-ca {args.tls_ca}: {e.strerror}", file=sys.stderr)
+            return 2
+        channel = grpc.secure_channel(args.address, grpc.ssl_channel_credentials(root_certificates=trusted))
+    else:
+        channel = grpc.insecure_channel(args.address)
     try:
         grpc.channel_ready_future(channel).result(timeout=args.connect_timeout)
     except grpc.FutureTimeoutError:
-        print(f"no sidecar answering on {args.address}; start one with `python -m sidecar serve`", file=sys.stderr)
+        print(f"no sidecar answering on {args.address}; start one with `python -m sidecar serve` "
+              "(one serving TLS needs --tls-ca)", file=sys.stderr)
         return 2
     if args.auth_token:
         token = args.auth_token
@@ -236,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_demo(pb_grpc.ContextServiceStub(channel), tenant, args.user)
     except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+            print(f"the sidecar on {args.address} answered UNAUTHENTICATED ({e.details()}): set SIDECAR_AUTH_TOKEN "
+                  "or pass --auth-token with the token it was started with", file=sys.stderr)
+            return 2
         print(f"demo failed: {e.code().name}: {e.details()}", file=sys.stderr)
         return 1
     finally:

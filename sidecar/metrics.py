@@ -1,5 +1,6 @@
-"""Prometheus metrics (opt-in HTTP port, bound to 127.0.0.1 by default). Nothing is sent anywhere:
-Prometheus scrapes the sidecar."""
+"""Prometheus metrics (opt-in HTTP endpoint: `--metrics-port` binds 127.0.0.1, `--metrics-listen`
+any address, e.g. the pod's for a scraper outside it). Nothing is sent anywhere: Prometheus scrapes
+the sidecar."""
 
 from __future__ import annotations
 

@@ -184,7 +184,7 @@ class SidecarServer:
     command line, tests, benches) with start() and stop(grace).wait()."""
 
     def __init__(self, app: Sidecar, *, listen: str | None, uds: str | None, auth_token: str | None,
-                 max_workers: int, rate_per_tenant: float) -> None:
+                 max_workers: int, rate_per_tenant: float, tls: tuple[bytes, bytes] | None = None) -> None:
         limiter = TenantRateLimiter(rate_per_tenant, burst=max(rate_per_tenant, 1.0) * 2) if rate_per_tenant else None
         self._pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc")
         self._loop = asyncio.new_event_loop()
@@ -194,7 +194,7 @@ class SidecarServer:
         try:
             inline = INLINE_METHODS if app.queries_hold_the_gil else frozenset()
             interceptor = GuardInterceptor(Guard(auth_token, limiter), self._pool, inline)
-            self.port = self._run(self._build(app, listen, uds, interceptor))
+            self.port = self._run(self._build(app, listen, uds, interceptor, tls))
         except BaseException:  # e.g. the port is taken: leave no loop thread or pool behind
             self._close_loop()
             raise
@@ -208,7 +208,8 @@ class SidecarServer:
     def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    async def _build(self, app: Sidecar, listen: str | None, uds: str | None, interceptor: GuardInterceptor) -> int:
+    async def _build(self, app: Sidecar, listen: str | None, uds: str | None, interceptor: GuardInterceptor,
+                     tls: tuple[bytes, bytes] | None) -> int:
         self._server = grpc.aio.server(
             interceptors=[interceptor],
             # Beyond this many calls in flight new ones get RESOURCE_EXHAUSTED instead of queueing forever.
@@ -222,8 +223,10 @@ class SidecarServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME, health.SERVICE_NAME),
                                             self._server)
-        port = self._server.add_insecure_port(f"unix:{uds}") if uds else \
-            self._server.add_insecure_port(listen or "127.0.0.1:50051")
+        address = f"unix:{uds}" if uds else listen or "127.0.0.1:50051"
+        # tls: (PEM private key, PEM certificate chain); a plaintext client then fails its handshake.
+        port = self._server.add_secure_port(address, grpc.ssl_server_credentials([tls])) if tls else \
+            self._server.add_insecure_port(address)
         if port == 0 and not uds:
             raise OSError(f"could not bind {listen}")
         return 0 if uds else port
@@ -250,10 +253,12 @@ class SidecarServer:
 
 
 def build_server(app: Sidecar, *, listen: str | None, uds: str | None, auth_token: str | None = None,
-                 max_workers: int = 16, rate_per_tenant: float = 0.0) -> tuple[SidecarServer, int]:
-    """Returns the startable server and the bound TCP port (0 for a Unix socket)."""
+                 max_workers: int = 16, rate_per_tenant: float = 0.0,
+                 tls: tuple[bytes, bytes] | None = None) -> tuple[SidecarServer, int]:
+    """Returns the startable server and the bound TCP port (0 for a Unix socket). `tls` is a PEM
+    (private key, certificate chain) pair: gRPC over TLS instead of plaintext."""
     server = SidecarServer(app, listen=listen, uds=uds, auth_token=auth_token, max_workers=max_workers,
-                           rate_per_tenant=rate_per_tenant)
+                           rate_per_tenant=rate_per_tenant, tls=tls)
     return server, server.port
 
 
@@ -267,15 +272,18 @@ def _settle_garbage_collector() -> None:
 
 
 def serve(db_path: str, *, listen: str | None, uds: str | None, auth_token: str | None,
-          app_factory: Callable[[str], Sidecar] = Sidecar, metrics_port: int = 0, rate_per_tenant: float = 0.0) -> int:
+          app_factory: Callable[[str], Sidecar] = Sidecar, metrics_port: int = 0, metrics_host: str = "127.0.0.1",
+          rate_per_tenant: float = 0.0, tls: tuple[bytes, bytes] | None = None) -> int:
     app = app_factory(db_path)
     _settle_garbage_collector()
-    server, port = build_server(app, listen=listen, uds=uds, auth_token=auth_token, rate_per_tenant=rate_per_tenant)
+    server, port = build_server(app, listen=listen, uds=uds, auth_token=auth_token, rate_per_tenant=rate_per_tenant,
+                                tls=tls)
     if metrics_port:
         metrics.bind_gauges(app.queue_depth, {
             "memories": app.memories.entry_count, "knowledge": app.knowledge.entry_count,
             "episodic_turns": app.episodic.indexed_total, "cached_messages": lambda: app.store.cached_view_messages})
-        metrics.serve_metrics(metrics_port)
+        metrics.serve_metrics(metrics_port, metrics_host)
+        log.info("Prometheus metrics on %s port %d", metrics_host, metrics_port)
     server.start()
     where = f"unix:{uds}" if uds else f"{(listen or '127.0.0.1:50051').rsplit(':', 1)[0]}:{port}"
     # The line test harnesses wait for; keep its shape.

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sidecar import demo
+from tests.conftest import Running
 
 
 def test_demo_runs_end_to_end(fresh_server, capsys):
@@ -32,3 +35,25 @@ def test_demo_reports_a_missing_sidecar(capsys):
         port = s.getsockname()[1]
     assert demo.main(["--address", f"127.0.0.1:{port}", "--connect-timeout", "1"]) == 2
     assert "no sidecar answering" in capsys.readouterr().err
+
+
+@pytest.fixture
+def guarded_server(tmp_path):
+    running = Running(str(tmp_path / "guarded.duckdb"), auth_token="s3cret-token")
+    yield running
+    running.stop()
+
+
+def test_demo_without_the_token_says_how_to_give_it(guarded_server, monkeypatch, capsys):
+    monkeypatch.delenv("SIDECAR_AUTH_TOKEN", raising=False)
+    assert demo.main(["--address", guarded_server.address, "--tenant", "opspilot-noauth"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "UNAUTHENTICATED" in err[0] and "SIDECAR_AUTH_TOKEN" in err[0], err
+
+
+def test_demo_takes_the_token_from_the_environment(guarded_server, monkeypatch, capsys):
+    monkeypatch.setenv("SIDECAR_AUTH_TOKEN", "s3cret-token")
+    rc = demo.main(["--address", guarded_server.address, "--tenant", "opspilot-envauth"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "-- knowledge_status: MATCHED" in out
