@@ -8,7 +8,7 @@ import fastpath
 from sidecar.api import context_service_pb2 as pb
 from sidecar.assembly.budget import BUDGET_FIELDS, DEFAULT_BUDGET, Budget
 from sidecar.assembly.builder import BuildRequest, ToolSpec
-from sidecar.assembly.render import render_chat, render_text
+from sidecar.assembly.render import render_chat_indexed, render_text
 from sidecar.domain import (
     Fact,
     FactChange,
@@ -90,6 +90,8 @@ def build_request(request) -> BuildRequest:
         raise InvalidArgument("min_score must be a number")
     if request.render not in (pb.RENDER_MODE_UNSPECIFIED, pb.RENDER_MODE_TEXT, pb.RENDER_MODE_CHAT):
         raise InvalidArgument(f"render must be a RenderMode (got {request.render})")
+    if request.layout not in (pb.LAYOUT_CACHE_AWARE, pb.LAYOUT_CLASSIC):
+        raise InvalidArgument(f"layout must be a Layout (got {request.layout})")
     return BuildRequest(
         session_id=request.session_id, run_id=request.run_id, query=request.query,
         system_rules=request.system_rules,
@@ -97,7 +99,7 @@ def build_request(request) -> BuildRequest:
         budget=budget(request.budget, request.HasField("budget")), roles=tuple(request.roles),
         query_embedding=np.asarray(request.query_embedding, np.float32) if request.query_embedding else None,
         debug=request.debug, min_score=request.min_score if request.min_score else float("-inf"),
-        max_dropped=max(request.max_dropped, 0),
+        max_dropped=max(request.max_dropped, 0), cache_aware=request.layout == pb.LAYOUT_CACHE_AWARE,
     )
 
 
@@ -119,11 +121,20 @@ def build_response_bytes(result, render_mode: int) -> bytes:
     if result.debug:
         for stage, micros in result.timings:
             resp.timings.add(stage=stage, micros=micros)
+    chat_index: dict[int, int] = {}
     if render_mode == pb.RENDER_MODE_TEXT:
         resp.rendered_text = render_text(result)
     elif render_mode == pb.RENDER_MODE_CHAT:
-        for role, content in render_chat(result):
+        messages, chat_index = render_chat_indexed(result)
+        for role, content in messages:
             resp.chat_messages.add(role=role, content=content)
+    if result.cache is not None:
+        resp.cache_prefix_tokens = result.cache.prefix_tokens
+        for d in result.cache.digests:
+            resp.section_digests.add(kind=int(d.kind), hash=d.hash, tokens=d.tokens)
+        for kind, tokens in result.cache.breakpoints:
+            resp.cache_breakpoints.add(after=int(kind), prefix_tokens=tokens,
+                                       chat_message_index=chat_index.get(int(kind), -1))
     return resp.SerializeToString() + b"".join([p.wire() for p in result.packed if p.bodies]) + _dropped_bytes(result.dropped)
 
 

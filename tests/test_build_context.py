@@ -1,6 +1,7 @@
 """BuildContext through the real server: budgets, hard zone, dedup, order, prefix hash, render."""
 
 import grpc
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,15 +29,18 @@ def _section(resp, kind):
     return next((s for s in resp.sections if s.kind == kind), pb.Section())
 
 
-def test_recent_messages_in_conversational_order_newest_kept(stub, scope, session_id):
+@pytest.mark.parametrize("layout", [pb.LAYOUT_CACHE_AWARE, pb.LAYOUT_CLASSIC])
+def test_recent_messages_in_conversational_order_newest_kept(stub, scope, session_id, layout):
     sent = _append(stub, scope, session_id, *[f"turn {i}: checking payment-api shard {i}" for i in range(40)])
-    resp = _build(stub, scope, session_id, query="what next?", budget=pb.Budget(recent_messages=120))
+    resp = _build(stub, scope, session_id, query="what next?", budget=pb.Budget(recent_messages=120), layout=layout)
     items = _section(resp, pb.SECTION_KIND_RECENT_MESSAGES).items
     ids = [it.source for it in items]
     assert ids[-1] == f"message:{sent[-1].message_id}"  # the newest turn is always there
     seqs = [next(m.seq for m in sent if f"message:{m.message_id}" == s) for s in ids]
     assert seqs == sorted(seqs) and seqs == list(range(seqs[0], 40 + 1))  # contiguous tail, in order
     assert sum(it.tokens for it in items) <= 120
+    if layout == pb.LAYOUT_CACHE_AWARE:
+        return  # its window holds only what the budget does (test_prompt_cache.py)
     dropped = {d.source: d.reason for d in resp.dropped}
     # Turns just outside the budget are reported; far older ones are left to the rolling summary.
     assert f"message:{sent[39 - len(items)].message_id}" in dropped
@@ -207,8 +211,10 @@ def test_dropped_list_is_the_most_relevant_first_and_counts_all(stub, scope, ses
     _append(stub, scope, session_id, *[f"turn {i}: payment-api shard {i} latency {i * 7} ms" for i in range(60)])
     _append(stub, scope, session_id, *["same line again"] * 4)
     budget = pb.Budget(recent_messages=150)
-    full = _build(stub, scope, session_id, query="shard latency", budget=budget, max_dropped=100000)
-    cut = _build(stub, scope, session_id, query="shard latency", budget=budget, max_dropped=5)
+    # The classic layout's window slides by one message: more candidates than the budget, so more drops.
+    classic = dict(budget=budget, layout=pb.LAYOUT_CLASSIC)
+    full = _build(stub, scope, session_id, query="shard latency", max_dropped=100000, **classic)
+    cut = _build(stub, scope, session_id, query="shard latency", max_dropped=5, **classic)
     scored = [(d.source, d.score) for d in full.dropped]
     assert len(scored) >= 8
     assert [s for _, s in scored] == sorted((s for _, s in scored), reverse=True)

@@ -15,6 +15,7 @@ import numpy as np
 import fastpath
 from sidecar.assembly.budget import Budget
 from sidecar.assembly.candidates import (
+    CACHE_AWARE_ORDER,
     SOFT_BUDGET_FIELDS,
     SOFT_WIRE,
     BuildInput,
@@ -24,8 +25,9 @@ from sidecar.assembly.candidates import (
     SoftCategory,
     query_texts,
 )
+from sidecar.assembly.prompt_cache import PromptCache, PromptMemory
 from sidecar.clock import now_ms
-from sidecar.domain import Category, Role, Scope
+from sidecar.domain import Category, Fact, Role, Scope
 from sidecar.errors import FailedPrecondition, InvalidArgument
 from sidecar.index.embedders import Embedder
 from sidecar.services.sessions import SessionService
@@ -84,6 +86,7 @@ class BuildRequest:
     debug: bool = False
     min_score: float = float("-inf")
     max_dropped: int = 0
+    cache_aware: bool = True  # proto Layout: LAYOUT_CACHE_AWARE, else LAYOUT_CLASSIC
 
 
 @dataclass(slots=True)
@@ -162,6 +165,7 @@ class BuildResult:
     knowledge_status: int
     timings: list[tuple[str, int]]
     debug: bool = False
+    cache: PromptCache | None = None  # what of this prompt repeats the session's previous one
 
     @property
     def total_tokens(self) -> int:
@@ -200,6 +204,9 @@ class ContextBuilder:
         # The model the sources embed the query with, which keeps recent texts (MiniLMEmbedder): what they
         # will embed goes through it in one batch. None: the built-in embedder, for which a batch saves nothing.
         self.query_embedder = query_embedder
+        self.prompts = PromptMemory()
+        # Given the stage timings of each build (sidecar.tracing turns them into spans); None: nothing to do.
+        self.stage_observer: Callable[[list[tuple[str, int]]], None] | None = None
 
     def build(self, scope: Scope, req: BuildRequest) -> BuildResult:
         clock = _StageClock()
@@ -221,7 +228,7 @@ class ContextBuilder:
 
         inp = BuildInput(scope=scope, view=view, run_id=req.run_id, query=req.query,
                          query_terms=frozenset(query_terms(req.query)), query_embedding=req.query_embedding, roles=req.roles,
-                         budget=budget, now_ms=now_ms())
+                         budget=budget, now_ms=now_ms(), cache_aware=req.cache_aware)
         if self.query_embedder is not None and inp.query:
             self._embed_query_texts(self.query_embedder, inp)
         batches = [b for src in self.sources for b in src.candidates(inp)]
@@ -235,14 +242,17 @@ class ContextBuilder:
             batches, budget, soft_total, req.min_score, max_dropped, clock)
 
         packed = [PackedSection.of_items(s, items) for s, items in hard] + soft_sections
-        packed.sort(key=_kind)
+        packed.sort(key=_render_rank if req.cache_aware else _kind)
         soft_tokens += sum(HEADER_TOKENS[p.kind] for p in soft_sections if p.bodies)
+        cache = self.prompts.compare((scope.tenant_id, scope.user_id, req.session_id), packed, HEADER_TOKENS)
         clock.lap("render")
+        if self.stage_observer is not None:
+            self.stage_observer(clock.laps)
         return BuildResult(
             packed=packed, usage=usage, hard_zone_tokens=hard_tokens, soft_zone_tokens=soft_tokens,
             total_budget=budget.total, dropped=dropped, drop_counts=drop_counts, stable_prefix_hash=prefix_hash,
             stable_prefix_tokens=prefix_tokens, knowledge_status=_knowledge_status(batches), timings=clock.laps,
-            debug=req.debug)
+            debug=req.debug, cache=cache)
 
     def _embed_query_texts(self, embedder: Embedder, inp: BuildInput) -> None:
         """What the sources will embed (the query as asked for memories and knowledge, without the
@@ -268,9 +278,12 @@ class ContextBuilder:
                 f"budget.system_and_tools is {budget.system_and_tools}")
 
         pinned = self.pinned(scope, view) if self.pinned else []
+        # Cache-aware: state grows by appending, a changed fact re-stated after the others (by the time it
+        # was last stated); classic: by key.
+        confirmed = sorted(view.confirmed.items(), key=_stated_order if req.cache_aware else _by_key)
         facts = [Item(f"fact:{key}", CATEGORY_SESSION_STATE, 0.0, f.tokens + 1, f.rendered,
                       timestamp_ms=f.updated_at_ms)
-                 for key, f in sorted(view.confirmed.items())]
+                 for key, f in confirmed]
         if view.session.task:
             # A sub-agent's task is the parent agent's word, not confirmed state (its fact is a
             # candidate), yet the child must always see it: from the session, labelled as such.
@@ -494,6 +507,21 @@ def _pinned_hint(pinned: list[Item]) -> str:
 
 def _kind(section: PackedSection) -> Section:
     return section.kind
+
+
+_RENDER_POSITION = {s: n for n, s in enumerate(CACHE_AWARE_ORDER)}
+
+
+def _render_rank(section: PackedSection) -> int:
+    return _RENDER_POSITION[section.kind]
+
+
+def _stated_order(entry: tuple[str, Fact]) -> tuple[int, str]:
+    return entry[1].updated_at_ms, entry[0]
+
+
+def _by_key(entry: tuple[str, Fact]) -> str:
+    return entry[0]
 
 
 def _knowledge_status(batches: list[CandidateBatch]) -> int:

@@ -48,6 +48,13 @@ class Section(enum.IntEnum):
     QUERY = 10
 
 
+# Render order of the cache-aware layout (proto Layout): what is stable, then what only grows (summary,
+# history), then what this call chose (memories, knowledge, tool observations), then the query.
+CACHE_AWARE_ORDER = (Section.SYSTEM_RULES, Section.TOOLS, Section.PINNED_CONSTRAINTS, Section.SESSION_STATE,
+                     Section.SUMMARY, Section.RECENT_MESSAGES, Section.MEMORIES, Section.KNOWLEDGE,
+                     Section.TOOL_OBSERVATIONS, Section.QUERY)
+
+
 @dataclass(slots=True)
 class BuildInput:
     """What every source may look at for one call."""
@@ -61,6 +68,7 @@ class BuildInput:
     roles: tuple[str, ...]
     budget: Budget
     now_ms: int
+    cache_aware: bool = True  # proto Layout: the history starts where the summary ends, in blocks
 
 
 @dataclass(slots=True)

@@ -1,4 +1,8 @@
-"""Recent messages of the session: newest first in priority, conversational order in the prompt."""
+"""Recent messages of the session: newest first in priority, conversational order in the prompt.
+
+In the cache-aware layout the window starts where the rolling summary ends (the summary folds in
+blocks, so the start moves in blocks too) and, when what is left is more than the budget allows,
+at a multiple of STEP messages: consecutive calls share the whole history but its newest turns."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ HALF_LIFE_TURNS = 24.0
 # Consider at most this multiple of the category budget (older turns belong to the summary).
 WINDOW_FACTOR = 2
 MAX_WINDOW_MESSAGES = 400
+STEP = 8  # a window start forced by the budget moves by this many messages at once
 
 
 class MessageSource:
@@ -23,9 +28,13 @@ class MessageSource:
         if not tail.messages:
             return [batch]
         newest = tail.line_tokens[-MAX_WINDOW_MESSAGES:][::-1] + MESSAGE_LINE_EXTRA
-        within = int(np.searchsorted(np.cumsum(newest), max(inp.budget.recent_messages * WINDOW_FACTOR, 1),
-                                     side="right"))
+        # Cache-aware: only what the budget holds, so the whole window is packed and its start is the
+        # prompt's (classic: more, the selector keeps the newest that fit).
+        factor = 1 if inp.cache_aware else WINDOW_FACTOR
+        within = int(np.searchsorted(np.cumsum(newest), max(inp.budget.recent_messages * factor, 1), side="right"))
         start = len(tail.messages) - max(within, 1)
+        if inp.cache_aware:
+            start = _stepped_start(tail, start, inp)
         window = tail.messages[start:]
         n = len(window)
         batch.texts = tail.lines[start:]
@@ -41,3 +50,15 @@ class MessageSource:
         batch.exact_keys = tail.exact_keys[start:]
         batch.simhashes = tail.simhashes[start:]
         return [batch]
+
+
+def _stepped_start(tail, start: int, inp: BuildInput) -> int:
+    """The first message after the summary's coverage, or a later multiple of STEP (counted from the
+    session's first message) when the budget cannot hold everything since then."""
+    summary = inp.view.summary
+    covered = summary.covered_until_seq if summary is not None else 0
+    after_summary = int(np.searchsorted(tail.seqs, covered, side="right")) if covered else 0
+    offset = tail.messages[0].seq - 1  # the tail may hold only the session's newest messages
+    if start <= after_summary:
+        return after_summary
+    return min(-(-(start + offset) // STEP) * STEP - offset, len(tail.messages) - 1)

@@ -145,13 +145,19 @@ class CompressionService:
     def update_summary(self, scope: Scope, view: SessionView) -> dict[str, str]:
         """Fold turns that left the verbatim window into the summary, incrementally."""
         covered = view.summary.covered_until_seq if view.summary else 0
+        window = self.settings.summary_window_tokens
+        verbatim = [m for m in view.messages if m.seq > covered]
+        # Fold in blocks: only once the verbatim turns outgrow the window, and then down to three quarters
+        # of it, so the summary (and the prompt's prefix through the history) changes once per quarter
+        # window, not after every turn.
         spent, cutoff = 0, 0
-        for m in reversed(view.messages):
-            spent += m.line_tokens + 1
-            if spent > self.settings.summary_window_tokens:
-                cutoff = m.seq
-                break
-        fold = [m for m in view.messages if covered < m.seq <= cutoff]
+        if sum(m.line_tokens + 1 for m in verbatim) > window:
+            for m in reversed(verbatim):
+                spent += m.line_tokens + 1
+                if spent > window * 3 // 4:
+                    cutoff = m.seq
+                    break
+        fold = [m for m in verbatim if m.seq <= cutoff]
         if not fold:
             return {"folded": "0"}
         previous = _restore(view.summary)

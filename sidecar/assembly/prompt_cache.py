@@ -1,0 +1,102 @@
+"""What of a prompt a provider may serve from its cache: per section a digest, the tokens at its
+start identical to the session's previous prompt, and where cache breakpoints go (end of tools,
+end of state, end of history). The previous prompt of each session is kept as its sections'
+digests and its items' hashes, in memory (a restarted sidecar reports 0 for one call)."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sidecar.assembly.candidates import Section
+
+MAX_SESSIONS = 4096
+# A breakpoint after the last non-empty section of each group (the prefix a provider caches).
+BREAKPOINT_GROUPS = ((Section.SYSTEM_RULES, Section.TOOLS), (Section.PINNED_CONSTRAINTS, Section.SESSION_STATE),
+                     (Section.SUMMARY, Section.RECENT_MESSAGES))
+
+
+class Packed(Protocol):
+    kind: Section
+    tokens: int
+    bodies: list[bytes]
+
+    @property
+    def items(self) -> Sequence: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SectionDigest:
+    kind: Section
+    hash: str
+    tokens: int  # with its header
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCache:
+    prefix_tokens: int  # identical to the session's previous prompt
+    digests: list[SectionDigest]
+    breakpoints: list[tuple[Section, int]]  # (last section of the prefix, tokens through it)
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    digest: SectionDigest
+    item_hashes: tuple[int, ...]
+
+
+class PromptMemory:
+    def __init__(self, max_sessions: int = MAX_SESSIONS) -> None:
+        self.max_sessions = max_sessions
+        self._previous: OrderedDict[tuple[str, str, str], list[_Seen]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def compare(self, key: tuple[str, str, str], packed: Sequence[Packed],
+                header_tokens: Mapping[Section, int]) -> PromptCache:
+        """The cache report of this prompt (sections in render order) against the session's previous
+        one, which it then replaces."""
+        seen = [_Seen(SectionDigest(p.kind, hashlib.blake2b(b"\0".join(p.bodies), digest_size=12).hexdigest(),
+                                    p.tokens + header_tokens.get(p.kind, 0)), tuple(map(hash, p.bodies)))
+                for p in packed if p.bodies]
+        with self._lock:
+            before = self._previous.pop(key, [])
+            self._previous[key] = seen
+            while len(self._previous) > self.max_sessions:
+                self._previous.popitem(last=False)
+        shown = [p for p in packed if p.bodies]
+        return PromptCache(_shared_tokens(before, seen, shown, header_tokens), [s.digest for s in seen],
+                           _breakpoints(seen))
+
+
+def _shared_tokens(before: list[_Seen], now: list[_Seen], packed: list[Packed],
+                   header_tokens: Mapping[Section, int]) -> int:
+    """Tokens of the longest run of leading items equal in both prompts."""
+    shared = 0
+    for old, new, p in zip(before, now, packed, strict=False):
+        if old.digest == new.digest:
+            shared += new.digest.tokens
+            continue
+        if old.digest.kind == new.digest.kind:  # the same section grew or changed: its equal leading items
+            k = next((i for i, (a, b) in enumerate(zip(old.item_hashes, new.item_hashes, strict=False)) if a != b),
+                     min(len(old.item_hashes), len(new.item_hashes)))
+            if k:
+                shared += header_tokens.get(p.kind, 0) + sum(it.tokens for it in p.items[:k])
+        break
+    return shared
+
+
+def _breakpoints(seen: list[_Seen]) -> list[tuple[Section, int]]:
+    out, total, last = [], 0, {}
+    for s in seen:
+        total += s.digest.tokens
+        last[s.digest.kind] = total
+    for group in BREAKPOINT_GROUPS:
+        ends = [(last[k], k) for k in group if k in last]
+        if ends:
+            tokens, kind = max(ends)
+            out.append((kind, tokens))
+    return out

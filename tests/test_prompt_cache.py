@@ -1,0 +1,129 @@
+"""Prompts that providers cache: the cache-aware layout (stable, then growing, then per call), state
+that grows by appending, a history window that moves in blocks, a summary that folds in blocks, and
+the response's cache report (cache_prefix_tokens, section digests, breakpoints)."""
+
+from __future__ import annotations
+
+from sidecar.api import context_service_pb2 as pb
+
+RULES = "You are OpsPilot. Never restart production without approval."
+TOOLS = [pb.ToolSchema(name="restart", description="Restart a service", schema_json='{"type":"object"}')]
+CACHE_ORDER = [pb.SECTION_KIND_SYSTEM_RULES, pb.SECTION_KIND_TOOLS, pb.SECTION_KIND_PINNED_CONSTRAINTS,
+               pb.SECTION_KIND_SESSION_STATE, pb.SECTION_KIND_SUMMARY, pb.SECTION_KIND_RECENT_MESSAGES,
+               pb.SECTION_KIND_MEMORIES, pb.SECTION_KIND_KNOWLEDGE, pb.SECTION_KIND_TOOL_OBSERVATIONS,
+               pb.SECTION_KIND_QUERY]
+
+
+def _build(stub, scope, sid, **kw):
+    kw.setdefault("system_rules", RULES)
+    kw.setdefault("tools", TOOLS)
+    return stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid, **kw))
+
+
+def _say(stub, scope, sid, *texts):
+    return stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id=sid, messages=[
+        pb.NewMessage(role=pb.ROLE_USER if i % 2 == 0 else pb.ROLE_ASSISTANT, text=t)
+        for i, t in enumerate(texts)])).messages
+
+
+def _kinds(resp):
+    return [s.kind for s in resp.sections if s.items]
+
+
+def test_cache_aware_layout_puts_what_this_call_chose_after_the_history(stub, scope, session_id):
+    _say(stub, scope, session_id, "Never restart the payment primary.", "Understood.",
+         "I prefer short answers.", "Noted.")
+    stub.AddMemory(pb.AddMemoryRequest(scope=scope, type=pb.MEMORY_TYPE_SEMANTIC,
+                                       content="The payment api runs in eu-west-1"))
+    run = stub.StartRun(pb.StartRunRequest(scope=scope, session_id=session_id, goal="triage")).run_id
+    stub.RecordToolResult(pb.RecordToolResultRequest(scope=scope, session_id=session_id, run_id=run,
+                                                     tool_name="grep", call_id="c1", full_text="3 errors"))
+    query = "where does the payment api run?"
+    cache = _build(stub, scope, session_id, run_id=run, query=query, render=pb.RENDER_MODE_CHAT)
+    kinds = _kinds(cache)
+    assert kinds == [k for k in CACHE_ORDER if k in kinds] and pb.SECTION_KIND_MEMORIES in kinds
+    assert kinds.index(pb.SECTION_KIND_RECENT_MESSAGES) < kinds.index(pb.SECTION_KIND_MEMORIES)
+    # Chat: the system message holds the stable part, then the conversation, then this call's context.
+    roles = [m.role for m in cache.chat_messages]
+    assert roles[0] == "system" and roles[-2:] == ["system", "user"] and cache.chat_messages[-1].content == query
+    assert "eu-west-1" in cache.chat_messages[-2].content and "3 errors" in cache.chat_messages[-2].content
+    assert "eu-west-1" not in cache.chat_messages[0].content
+    classic = _build(stub, scope, session_id, run_id=run, query=query, layout=pb.LAYOUT_CLASSIC)
+    assert _kinds(classic) == sorted(_kinds(classic))  # proto order: memories before the conversation
+    assert set(_kinds(classic)) == set(kinds)
+
+
+def test_state_grows_by_appending(stub, scope, session_id):
+    def upsert(key, value):
+        stub.UpsertFacts(pb.UpsertFactsRequest(scope=scope, session_id=session_id, facts=[
+            pb.FactInput(key=key, value=value, provenance=pb.PROVENANCE_USER_CONFIRMED)]))
+
+    for key, value in (("zone", "eu-west-1"), ("env", "staging"), ("approver", "alice")):
+        upsert(key, value)
+    state = lambda **kw: [i.source for s in _build(stub, scope, session_id, **kw).sections  # noqa: E731
+                          if s.kind == pb.SECTION_KIND_SESSION_STATE for i in s.items]
+    assert state() == ["fact:zone", "fact:env", "fact:approver"]
+    upsert("env", "production")  # re-stated after the others, not sorted into the middle
+    assert state() == ["fact:zone", "fact:approver", "fact:env"]
+    assert state(layout=pb.LAYOUT_CLASSIC) == ["fact:approver", "fact:env", "fact:zone"]
+
+
+def test_the_response_says_what_repeats_the_previous_prompt(stub, scope, session_id):
+    _say(stub, scope, session_id, *[f"step {i}: checked shard {i} of the payment api" for i in range(6)])
+    first = _build(stub, scope, session_id, query="status?", render=pb.RENDER_MODE_CHAT)
+    assert first.cache_prefix_tokens == 0  # nothing to compare with yet
+    again = _build(stub, scope, session_id, query="status?", render=pb.RENDER_MODE_CHAT)
+    assert again.cache_prefix_tokens == again.total_tokens == sum(d.tokens for d in again.section_digests)
+    _say(stub, scope, session_id, "step 6: shard 6 is fine", "noted")
+    grown = _build(stub, scope, session_id, query="and now?", render=pb.RENDER_MODE_CHAT)
+    digests = {d.kind: d.hash for d in again.section_digests}
+    same = [d.kind for d in grown.section_digests if digests.get(d.kind) == d.hash]
+    assert pb.SECTION_KIND_SYSTEM_RULES in same and pb.SECTION_KIND_TOOLS in same
+    history = {d.kind: d.tokens for d in grown.section_digests}[pb.SECTION_KIND_RECENT_MESSAGES]
+    stable = sum(d.tokens for d in grown.section_digests if d.kind in (
+        pb.SECTION_KIND_SYSTEM_RULES, pb.SECTION_KIND_TOOLS))
+    # The whole old history is shared: only the two new messages and the query differ.
+    assert stable + history - 30 < grown.cache_prefix_tokens < stable + history
+    points = {b.after: b for b in grown.cache_breakpoints}
+    assert set(points) == {pb.SECTION_KIND_TOOLS, pb.SECTION_KIND_RECENT_MESSAGES}
+    assert points[pb.SECTION_KIND_TOOLS].prefix_tokens == stable
+    assert points[pb.SECTION_KIND_TOOLS].chat_message_index == 0
+    last = points[pb.SECTION_KIND_RECENT_MESSAGES].chat_message_index
+    assert grown.chat_messages[last].content.startswith("noted")
+
+
+def test_the_history_window_moves_in_blocks(stub, scope, session_id):
+    budget = pb.Budget(recent_messages=400)
+    starts = []
+    for i in range(60):
+        _say(stub, scope, session_id, f"turn {i}: the payment api shard {i} answered in {i * 7} ms today")
+        resp = _build(stub, scope, session_id, query="latency?", budget=budget)
+        history = [it.source for s in resp.sections if s.kind == pb.SECTION_KIND_RECENT_MESSAGES for it in s.items]
+        starts.append(history[0])
+    moves = sum(a != b for a, b in zip(starts, starts[1:], strict=False))
+    assert 2 <= moves <= 60 // 8 + 1  # once the window is full it moves every 8 messages, not every one
+    classic_moves = 0
+    previous = None
+    for i in range(3):
+        _say(stub, scope, session_id, f"one more turn ({i}) about the payment api shard latency")
+        resp = _build(stub, scope, session_id, query="latency?", budget=budget, layout=pb.LAYOUT_CLASSIC)
+        first = next(it.source for s in resp.sections if s.kind == pb.SECTION_KIND_RECENT_MESSAGES for it in s.items)
+        classic_moves += previous is not None and first != previous
+        previous = first
+    assert classic_moves == 2  # the classic window slides with every message
+
+
+def test_the_summary_folds_in_blocks(stub, scope, session_id):
+    texts = []
+    for i in range(80):
+        _say(stub, scope, session_id, f"turn {i}: we rotated the certificate on gateway node {i} and it took "
+             f"{i % 9 + 2} minutes; the canary stayed green, error rates flat, p99 latency {100 + i} ms, "
+             "no pages fired, the change ticket is closed and the runbook updated with the new expiry date",
+             f"ok, noted for node {i}: certificate rotated, canary green, ticket closed")
+        jobs = list(stub.CommitTurn(pb.CommitTurnRequest(scope=scope, session_id=session_id)).job_ids)
+        stub.WaitForJobs(pb.WaitForJobsRequest(scope=scope, job_ids=jobs, timeout_ms=30_000))
+        resp = _build(stub, scope, session_id, query="status?")
+        summary = [it.text for s in resp.sections if s.kind == pb.SECTION_KIND_SUMMARY for it in s.items]
+        texts.append(summary[0] if summary else "")
+    changes = sum(a != b for a, b in zip(texts, texts[1:], strict=False))
+    assert texts[-1] and 1 <= changes <= 80 // 4  # a fold per quarter window, not per turn
