@@ -17,6 +17,11 @@ def count_tokens(text: str) -> int:
     return len(_ENCODING.encode(text, disallowed_special=()))
 
 
+def encode(text: str) -> list[int]:
+    """The text's cl100k tokens (what a prompt-cache comparison counts in)."""
+    return _ENCODING.encode(text, disallowed_special=())
+
+
 def count_many(texts: list[str]) -> list[int]:
     # encode_batch would start a thread pool per call; a plain loop is faster for request-sized batches.
     encode = _ENCODING.encode

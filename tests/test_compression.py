@@ -68,8 +68,9 @@ def test_tool_result_trimmed_view_and_full_text(stub, scope, session_id):
     ref = stub.RecordToolResult(pb.RecordToolResultRequest(scope=scope, session_id=session_id, tool_name="query_logs",
                                                            call_id="c1", full_text=full))
     assert ref.lines == 5001 and ref.tokens == tokens.count_tokens(full)
-    for budget in (4000, 900):
-        resp = _build(stub, scope, session_id, query="why 5xx?", budget=pb.Budget(tool_observations=budget))
+    for budget in (4000, 900):  # the classic layout re-trims the latest result to each call's budget
+        resp = _build(stub, scope, session_id, query="why 5xx?", budget=pb.Budget(tool_observations=budget),
+                      layout=pb.LAYOUT_CLASSIC)
         [item] = _section(resp, pb.SECTION_KIND_TOOL_OBSERVATIONS).items
         assert item.source == f"tool:{ref.tool_result_id}" and item.tokens <= budget
         assert tokens.count_tokens(item.text) <= item.tokens
@@ -89,9 +90,14 @@ def test_latest_tool_result_first(stub, scope, session_id):
     refs = [stub.RecordToolResult(pb.RecordToolResultRequest(
         scope=scope, session_id=session_id, tool_name=f"tool{i}", full_text=f"result {i}\n" * 400)).tool_result_id
         for i in range(3)]
-    resp = _build(stub, scope, session_id, query="?", budget=pb.Budget(tool_observations=500))
+    resp = _build(stub, scope, session_id, query="?", budget=pb.Budget(tool_observations=500),
+                  layout=pb.LAYOUT_CLASSIC)
     items = _section(resp, pb.SECTION_KIND_TOOL_OBSERVATIONS).items
     assert items[0].source == f"tool:{refs[-1]}"
+    # Cache-aware: every result in the history, in the order recorded, each as it was recorded.
+    resp = _build(stub, scope, session_id, query="?")
+    history = _section(resp, pb.SECTION_KIND_RECENT_MESSAGES).items
+    assert [it.source for it in history] == [f"tool:{r}" for r in refs]
 
 
 def test_secrets_never_reach_summary_pinned_or_tool_view(stub, scope, session_id):
@@ -109,7 +115,8 @@ def test_secrets_never_reach_summary_pinned_or_tool_view(stub, scope, session_id
                                                                  "DB_PASSWORD: Hunter2xyz!9q"])))
     _commit(stub, scope, session_id)
     resp = _build(stub, scope, session_id, query="status", budget=pb.Budget(recent_messages=1500))
-    for kind in (pb.SECTION_KIND_SUMMARY, pb.SECTION_KIND_PINNED_CONSTRAINTS, pb.SECTION_KIND_TOOL_OBSERVATIONS):
+    for kind in (pb.SECTION_KIND_SUMMARY, pb.SECTION_KIND_PINNED_CONSTRAINTS, pb.SECTION_KIND_TOOL_OBSERVATIONS,
+                 pb.SECTION_KIND_RECENT_MESSAGES):
         for it in _section(resp, kind).items:
             for needle in ("Hunter2xyz", "ghp_abcdefghij", "AKIAABCDEFGHIJKLMNOP", "Zz9!kQ2mW7pL"):
                 assert needle not in it.text, (kind, it.text)

@@ -46,11 +46,14 @@ def test_cache_aware_layout_puts_what_this_call_chose_after_the_history(stub, sc
     # Chat: the system message holds the stable part, then the conversation, then this call's context.
     roles = [m.role for m in cache.chat_messages]
     assert roles[0] == "system" and roles[-2:] == ["system", "user"] and cache.chat_messages[-1].content == query
-    assert "eu-west-1" in cache.chat_messages[-2].content and "3 errors" in cache.chat_messages[-2].content
-    assert "eu-west-1" not in cache.chat_messages[0].content
+    assert "eu-west-1" in cache.chat_messages[-2].content and "eu-west-1" not in cache.chat_messages[0].content
+    # A tool result is part of the history, where it was recorded, as it was recorded.
+    tool = [m for m in cache.chat_messages if m.role == "tool"]
+    assert len(tool) == 1 and tool[0].content.startswith("[grep ok, tool:") and "3 errors" in tool[0].content
+    assert list(cache.chat_messages).index(tool[0]) < len(cache.chat_messages) - 2
     classic = _build(stub, scope, session_id, run_id=run, query=query, layout=pb.LAYOUT_CLASSIC)
     assert _kinds(classic) == sorted(_kinds(classic))  # proto order: memories before the conversation
-    assert set(_kinds(classic)) == set(kinds)
+    assert set(_kinds(classic)) == {*kinds, pb.SECTION_KIND_TOOL_OBSERVATIONS}  # its tool results apart
 
 
 def test_state_grows_by_appending(stub, scope, session_id):

@@ -6,32 +6,54 @@ at a multiple of STEP messages: consecutive calls share the whole history but it
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
+import fastpath
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory
+from sidecar.compress.trim import tool_header
+from sidecar.domain import Category, Role, ToolResult
 from sidecar.store.cache import MESSAGE_LINE_EXTRA
+from sidecar.tokens import count_line
 
 # Priority halves every this many turns back, so newer turns always outrank older ones.
 HALF_LIFE_TURNS = 24.0
 # Consider at most this multiple of the category budget (older turns belong to the summary).
 WINDOW_FACTOR = 2
 MAX_WINDOW_MESSAGES = 400
+MAX_TOOL_ITEMS = 4096  # tool results' history items kept made
 STEP = 8  # a window start forced by the budget moves by this many messages at once
 
 
 class MessageSource:
     name = "messages"
 
+    def __init__(self) -> None:
+        self._tool_items: dict[tuple[str, bool], ToolItem] = {}  # (tool result id, view) -> its history item
+
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
         tail = inp.view.tail  # one read: an append publishes a new tail meanwhile, never changes this one
         batch = CandidateBatch(category=SoftCategory.RECENT_MESSAGES, section=Section.RECENT_MESSAGES)
+        summary = inp.view.summary
+        room = inp.budget.recent_messages - (summary.tokens if inp.cache_aware and summary and summary.text else 0)
+        # Cache-aware: the session's tool results belong to the history, each shown as it was recorded (its
+        # view, or its brief when the view would take over a quarter of the history's room).
+        tools = [self._tool_item(r, r.view_tokens <= room // 4) for r in inp.view.tool_results] \
+            if inp.cache_aware else []
         if not tail.messages:
+            if tools:
+                _add_tools(_empty(batch), tools, tail, [])
             return [batch]
         newest = tail.line_tokens[-MAX_WINDOW_MESSAGES:][::-1] + MESSAGE_LINE_EXTRA
-        # Cache-aware: only what the budget holds, so the whole window is packed and its start is the
-        # prompt's (classic: more, the selector keeps the newest that fit).
-        factor = 1 if inp.cache_aware else WINDOW_FACTOR
-        within = int(np.searchsorted(np.cumsum(newest), max(inp.budget.recent_messages * factor, 1), side="right"))
+        if tools:  # what the tool results after each message take, charged to that message
+            anchor = np.searchsorted(tail.created, [t.at for t in tools], side="right") - 1
+            extra = np.bincount(np.maximum(anchor, 0), [t.tokens for t in tools], len(tail.messages)).astype(np.int64)
+            newest = newest + extra[-MAX_WINDOW_MESSAGES:][::-1]
+        # Cache-aware: only what the budget holds beside the summary, so the whole window is packed and its
+        # start is the prompt's (classic: more, the selector keeps the newest that fit).
+        within = int(np.searchsorted(np.cumsum(newest), max(room * (1 if inp.cache_aware else WINDOW_FACTOR), 1),
+                                     side="right"))
         start = len(tail.messages) - max(within, 1)
         if inp.cache_aware:
             start = _stepped_start(tail, start, inp)
@@ -49,7 +71,66 @@ class MessageSource:
         batch.bodies = tail.item_bodies[start:]
         batch.exact_keys = tail.exact_keys[start:]
         batch.simhashes = tail.simhashes[start:]
+        shown = [t for t in tools if window and t.at >= window[0].created_at_ms]
+        if shown:
+            _add_tools(batch, shown, tail, window)
         return [batch]
+
+    def _tool_item(self, r: ToolResult, view: bool) -> ToolItem:
+        """A tool result in the history: its header and the view (or brief) made when it was recorded,
+        the same on every call."""
+        item = self._tool_items.get((r.tool_result_id, view))
+        if item is None:
+            source, text = f"tool:{r.tool_result_id}", f"{tool_header(r)}\n{r.view_text if view else r.brief_text}"
+            tokens = count_line(text)
+            body = fastpath.encode_item(source, Category.TOOL_OBSERVATIONS, tokens, text, int(Role.TOOL),
+                                        r.created_at_ms, ())
+            if len(self._tool_items) >= MAX_TOOL_ITEMS:
+                self._tool_items.clear()
+            item = self._tool_items[(r.tool_result_id, view)] = ToolItem(source, text, tokens, body, r.created_at_ms)
+        return item
+
+
+class ToolItem(NamedTuple):
+    source: str
+    text: str
+    tokens: int
+    body: bytes
+    at: int  # when it was recorded
+
+
+def _add_tools(batch: CandidateBatch, tools: list[ToolItem], tail, window) -> None:
+    """Tool results join the window after the message they followed, with its priority."""
+    first = len(tail.messages) - len(window)
+    at = np.maximum(np.searchsorted(tail.created[first:], [t.at for t in tools], side="right") - 1, 0)
+    seqs = np.asarray(batch.order, np.float64)
+    base = seqs[at] if len(seqs) else np.zeros(len(tools))  # no message yet: in the order recorded
+    order = base + 0.5 + np.arange(len(tools)) * 1e-4
+    texts = [t.text for t in tools]
+    exact, sim = fastpath.text_keys(texts)
+    n = len(batch.texts)
+    metas = [(int(Role.TOOL), t.at, o, ()) for t, o in zip(tools, order.tolist(), strict=True)]
+    own = batch.meta
+    batch.meta = lambda j: own(j) if j < n else metas[j - n]
+    batch.texts = [*batch.texts, *texts]
+    batch.sources = [*batch.sources, *(t.source for t in tools)]
+    batch.tokens = np.concatenate([batch.tokens, [t.tokens for t in tools]])
+    batch.relevance = np.zeros(len(batch.texts))
+    batch.age_s = np.zeros(len(batch.texts))
+    own_priority = np.asarray(batch.priority, np.float64)
+    batch.priority = np.concatenate([own_priority, own_priority[at] if len(own_priority) else np.ones(len(tools))])
+    batch.order = np.concatenate([seqs, order])
+    batch.bodies = [*batch.bodies, *(t.body for t in tools)]
+    batch.exact_keys = np.concatenate([batch.exact_keys, exact])
+    batch.simhashes = np.concatenate([batch.simhashes, sim])
+
+
+def _empty(batch: CandidateBatch) -> CandidateBatch:
+    batch.texts, batch.sources, batch.bodies = [], [], []
+    batch.tokens, batch.priority, batch.order = np.zeros(0, np.int32), np.zeros(0), np.zeros(0)
+    batch.exact_keys, batch.simhashes = np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    batch.meta = lambda j: (0, 0, None, ())
+    return batch
 
 
 def _stepped_start(tail, start: int, inp: BuildInput) -> int:

@@ -8,7 +8,7 @@ import threading
 from sidecar import tokens
 from sidecar.assembly.builder import CATEGORY_SESSION_STATE, Item
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory
-from sidecar.compress.trim import trim_tool_output
+from sidecar.compress.trim import tool_header, trim_tool_output
 from sidecar.domain import Scope, ToolResult
 from sidecar.services.pinned import PinnedService
 from sidecar.store.cache import SessionView
@@ -55,7 +55,7 @@ class ToolObservationSource:
 
     def _view_for(self, inp: BuildInput, r: ToolResult) -> tuple[str, int]:
         """The latest result's view; re-trimmed (once per budget, cached) when the call's budget is smaller."""
-        budget = inp.budget.tool_observations - count_tokens_cached(_header(r)) - 2
+        budget = inp.budget.tool_observations - count_tokens_cached(tool_header(r)) - 2
         if r.view_tokens <= budget:
             return r.view_text, r.view_tokens
         key = (r.tool_result_id, budget)
@@ -79,10 +79,11 @@ class ToolObservationSource:
         if inp.budget.tool_observations <= 0:
             return [batch]
         texts, sources, toks, prio, metas = [], [], [], [], []
-        results = view.tool_results
+        # Cache-aware: tool results are part of the history (MessageSource); notes and sub-agents' results stay.
+        results = [] if inp.cache_aware else view.tool_results
         for k, r in enumerate(reversed(results)):
             body, body_tokens = self._view_for(inp, r) if k == 0 else (r.brief_text, r.brief_tokens)
-            header = _header(r)
+            header = tool_header(r)
             texts.append(f"{header}\n{body}")
             toks.append(count_tokens_cached(header) + body_tokens + 2)
             sources.append(f"tool:{r.tool_result_id}")
@@ -106,8 +107,3 @@ class ToolObservationSource:
         batch.meta = metas.__getitem__
         batch.order = [m[2] for m in metas]
         return [batch]
-
-
-def _header(r: ToolResult) -> str:
-    status = "error" if r.status == 2 else "ok"
-    return f"[{r.tool_name} {status}, tool:{r.tool_result_id}, {r.lines} lines]"

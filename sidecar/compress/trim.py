@@ -27,6 +27,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from sidecar.domain import ToolResult
 from sidecar.secrets import redact
 
 CountTokens = Callable[[str], int]
@@ -208,3 +209,9 @@ def _marker_only(total: int, result_id: str, budget: int, count_tokens: CountTok
 
 
 __all__ = ["TrimmedView", "trim_tool_output"]
+
+
+def tool_header(r: ToolResult) -> str:
+    """The line a tool result is shown under: its tool, status, id (to fetch it whole) and length."""
+    status = "error" if r.status == 2 else "ok"
+    return f"[{r.tool_name} {status}, tool:{r.tool_result_id}, {r.lines} lines]"

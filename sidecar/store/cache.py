@@ -57,6 +57,7 @@ class MessageTail:
     sources: list[str] = field(default_factory=list)  # "message:<id>"
     line_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     seqs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    created: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # when each was stored
     # Each line as a ContextItem on the wire (fastpath.encode_item), so a packed message costs a
     # list lookup, not an encoding. Its tokens count the newline after the line, as the message
     # source does (MESSAGE_LINE_EXTRA).
@@ -77,6 +78,7 @@ class MessageTail:
             sources=[*self.sources[cut:], *sources],
             line_tokens=np.concatenate([self.line_tokens[cut:], np.fromiter((m.line_tokens for m in new), np.int32)]),
             seqs=np.concatenate([self.seqs[cut:], np.fromiter((m.seq for m in new), np.int64)]),
+            created=np.concatenate([self.created[cut:], np.fromiter((m.created_at_ms for m in new), np.int64)]),
             item_bodies=[*self.item_bodies[cut:], *bodies],
             exact_keys=np.concatenate([self.exact_keys[cut:], exact]),
             simhashes=np.concatenate([self.simhashes[cut:], sim]))
