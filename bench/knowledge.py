@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from harness import emit, one_core, percentiles, served_build_latency, settle, time_calls
+from harness import RECALLED_KINDS, emit, one_core, percentiles, served_build_latency, settle, time_calls
 
 from sidecar.api import context_service_pb2 as pb
 from sidecar.app import Sidecar
@@ -194,8 +194,9 @@ def main() -> None:
                                   query=QUERIES[0], system_rules=RULES, roles=[CALLER_ROLE])
     served = served_build_latency(db, greq, n_build, {"default": [], "pinned": ["--cpus", one_core()]})
     (first, first_call_s, build_stats), pinned_stats = served["default"], served["pinned"][2]
-    kb_items = [i for s in first.sections if s.kind == pb.SECTION_KIND_KNOWLEDGE for i in s.items]
-    mem_items = [i for s in first.sections if s.kind == pb.SECTION_KIND_MEMORIES for i in s.items]
+    recalled = [i for s in first.sections if s.kind in RECALLED_KINDS for i in s.items]
+    kb_items = [i for i in recalled if i.source.startswith("kb:")]
+    mem_items = [i for i in recalled if i.source.startswith(("memory:", "message:"))]
 
     figures = {
         "quick": args.quick, "chunks": chunks, "documents": n_docs, "acl_sets": len(ACLS),

@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections import Counter
 
-from harness import emit, one_core, percentiles, served_build_latency, settle, time_calls
+from harness import RECALLED_KINDS, emit, one_core, percentiles, served_build_latency, settle, time_calls
 
 from sidecar.api import context_service_pb2 as pb
 from sidecar.app import Sidecar
@@ -259,7 +259,7 @@ def main() -> None:
     served = served_build_latency(db, greq, n_build, {"default": [], "pinned": ["--cpus", one_core()]})
     (first, first_s, build_stats), pinned_stats = served["default"], served["pinned"][2]
     first_call_ms = round(first_s * 1000, 1)
-    mem_items = sum(len(s.items) for s in first.sections if s.kind == pb.SECTION_KIND_MEMORIES)
+    mem_items = sum(1 for s in first.sections if s.kind in RECALLED_KINDS for i in s.items if i.source.startswith("memory:"))
 
     figures = {
         "quick": args.quick,

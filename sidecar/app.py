@@ -117,9 +117,13 @@ class Sidecar:
         self.memories.on_forget(self.episodic.forget)
         self.memories.on_delete(self.episodic.exclude)
         self.episodic.superseded_turns = self.memories.superseded_turns
+        self.builder.recall_epoch += [self.memories.generation, self.episodic.generation,
+                                      lambda scope: self.knowledge.generation(scope.tenant_id)]
         self.memories.on_delete(lambda scope, ids: text_caches.clear(self.embedder))
+        self.memories.on_delete(lambda scope, ids: self.builder.forget_user(scope))
         self.memories.on_forget(self._clear_text_caches)
-        self.deletion = DeletionService(self.sessions, self.memories, self.episodic)
+        self.memories.on_forget(self.builder.forget_user)
+        self.deletion = DeletionService(self.sessions, self.memories, self.episodic, self.builder)
         requeue_interrupted(self.store)
         self.worker.start()
         self.kb_worker.start()

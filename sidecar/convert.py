@@ -8,6 +8,7 @@ import fastpath
 from sidecar.api import context_service_pb2 as pb
 from sidecar.assembly.budget import BUDGET_FIELDS, DEFAULT_BUDGET, Budget
 from sidecar.assembly.builder import BuildRequest, ToolSpec
+from sidecar.assembly.provider_render import Provider, check_tools, render_provider
 from sidecar.assembly.render import render_chat_indexed, render_text
 from sidecar.domain import (
     Fact,
@@ -19,6 +20,7 @@ from sidecar.domain import (
     RunCheckpoint,
     Scope,
     Session,
+    ToolCall,
     enum_value,
 )
 from sidecar.errors import InvalidArgument
@@ -43,7 +45,8 @@ def new_messages(msgs) -> list[NewMessage]:
     return [
         NewMessage(role=enum_value(Role, m.role, f"messages[{i}].role"), text=m.text, tool_name=m.tool_name,
                    tool_call_id=m.tool_call_id, client_timestamp_ms=m.client_timestamp_ms,
-                   idempotency_key=m.idempotency_key, speaker=m.speaker)
+                   idempotency_key=m.idempotency_key, speaker=m.speaker,
+                   tool_calls=tuple(ToolCall(c.id, c.name, c.arguments_json) for c in m.tool_calls))
         for i, m in enumerate(msgs)
     ]
 
@@ -53,6 +56,7 @@ def message(m: Message) -> pb.Message:
         message_id=m.message_id, session_id=m.session_id, seq=m.seq, role=int(m.role), text=m.text,
         tool_name=m.tool_name, tool_call_id=m.tool_call_id, timestamp_ms=m.timestamp_ms,
         created_at_ms=m.created_at_ms, tokens=m.tokens, idempotency_key=m.idempotency_key, speaker=m.speaker,
+        tool_calls=[pb.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json) for c in m.tool_calls],
     )
 
 
@@ -88,18 +92,22 @@ def build_request(request) -> BuildRequest:
             raise InvalidArgument(f"tools[{i}].name is required")
     if request.min_score != request.min_score:  # NaN
         raise InvalidArgument("min_score must be a number")
-    if request.render not in (pb.RENDER_MODE_UNSPECIFIED, pb.RENDER_MODE_TEXT, pb.RENDER_MODE_CHAT):
+    if request.render not in (pb.RENDER_MODE_UNSPECIFIED, pb.RENDER_MODE_TEXT, pb.RENDER_MODE_CHAT, *Provider):
         raise InvalidArgument(f"render must be a RenderMode (got {request.render})")
     if request.layout not in (pb.LAYOUT_CACHE_AWARE, pb.LAYOUT_CLASSIC):
         raise InvalidArgument(f"layout must be a Layout (got {request.layout})")
+    tools = [ToolSpec(t.name, t.description, t.schema_json) for t in request.tools]
+    if request.render in tuple(Provider):
+        check_tools(tools)
     return BuildRequest(
         session_id=request.session_id, run_id=request.run_id, query=request.query,
         system_rules=request.system_rules,
-        tools=[ToolSpec(t.name, t.description, t.schema_json) for t in request.tools],
+        tools=tools,
         budget=budget(request.budget, request.HasField("budget")), roles=tuple(request.roles),
         query_embedding=np.asarray(request.query_embedding, np.float32) if request.query_embedding else None,
         debug=request.debug, min_score=request.min_score if request.min_score else float("-inf"),
         max_dropped=max(request.max_dropped, 0), cache_aware=request.layout == pb.LAYOUT_CACHE_AWARE,
+        tokenizer=request.tokenizer,
     )
 
 
@@ -111,7 +119,7 @@ def build_response_bytes(result, render_mode: int) -> bytes:
         hard_zone_tokens=result.hard_zone_tokens, soft_zone_tokens=result.soft_zone_tokens,
         total_tokens=result.total_tokens, total_budget=result.total_budget,
         stable_prefix_hash=result.stable_prefix_hash, stable_prefix_tokens=result.stable_prefix_tokens,
-        knowledge_status=result.knowledge_status,
+        knowledge_status=result.knowledge_status, token_counter=result.token_counter,
     )
     for u in result.usage:
         resp.usage.add(category=u.category, budget=u.budget, used=u.used, candidates=u.candidates,
@@ -128,6 +136,9 @@ def build_response_bytes(result, render_mode: int) -> bytes:
         messages, chat_index = render_chat_indexed(result)
         for role, content in messages:
             resp.chat_messages.add(role=role, content=content)
+    elif render_mode in tuple(Provider):
+        resp.provider_request_json = render_provider(result, Provider(render_mode), tools=result.tools,
+                                                     view=result.view)
     if result.cache is not None:
         resp.cache_prefix_tokens = result.cache.prefix_tokens
         for d in result.cache.digests:

@@ -105,6 +105,16 @@ class Session:
     message_count: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call an assistant message made. A tool result answers it by naming its id (RecordToolResult's
+    call_id, or a tool message's tool_call_id); arguments_json is a JSON object's text ("" means {})."""
+
+    id: str
+    name: str
+    arguments_json: str = ""
+
+
 @dataclass(slots=True)
 class NewMessage:
     role: Role
@@ -114,6 +124,7 @@ class NewMessage:
     client_timestamp_ms: int = 0
     idempotency_key: str = ""
     speaker: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(slots=True)
@@ -132,6 +143,7 @@ class Message:
     line_tokens: int
     idempotency_key: str = ""
     speaker: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
 
     @property
     def rendered(self) -> str:

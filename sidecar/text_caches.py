@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from sidecar.compress.constraints import constraint_key
 from sidecar.memory.episodic import names_pattern
-from sidecar.tokens import count_tokens_cached
+from sidecar.tokens import clear_caches
 
 
 def clear(embedder: object = None) -> None:
-    count_tokens_cached.cache_clear()
+    clear_caches()  # every tokenizer's counts by text
     constraint_key.cache_clear()
     names_pattern.cache_clear()
     forget = getattr(embedder, "forget_texts", None)

@@ -134,7 +134,8 @@ def test_recalled_turns_render_within_their_budget(running, user):
             scope=user, session_id=new_sid, query="my tortoise and the bakery", render=pb.RENDER_MODE_TEXT,
             budget=pb.Budget(max_input=memories + 200, reserved_for_output=0, memories=memories, recent_messages=0,
                              flow_unused=False)))
-        packed = [it for s in resp.sections if s.kind == pb.SECTION_KIND_MEMORIES for it in s.items]
+        packed = [it for s in resp.sections if s.kind in (pb.SECTION_KIND_MEMORIES, pb.SECTION_KIND_SESSION_RECALL)
+                  for it in s.items]
         assert len(packed) > 3 and any(it.source.startswith("date:") for it in packed)
         section = "\n".join(it.text for it in packed)
         assert count_tokens(section) <= sum(it.tokens for it in packed) <= memories

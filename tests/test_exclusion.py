@@ -46,7 +46,8 @@ def test_excluded_candidates_are_not_packed_nor_listed_twice(tmp_path):
         app.builder.sources.append(SharedCopySource())
         app.builder.resolvers.append(exclude_even)
         sid = app.sessions.create(SCOPE, "s", "agent", {}).session_id
-        req = BuildRequest(session_id=sid, query="which team owns service-3?")
+        # Classic layout: the second call selects again (the cache-aware one shows the session's kept recall).
+        req = BuildRequest(session_id=sid, query="which team owns service-3?", cache_aware=False)
         first, second = (app.builder.build(SCOPE, req) for _ in range(2))
         for result in (first, second):
             packed = [it.source for _, items in result.sections for it in items if it.source.startswith("memory:m")]
@@ -101,7 +102,8 @@ def test_excluding_equals_removing(tmp_path, items, gone, memory_budget):
     app = Sidecar(str(tmp_path / f"{uuid.uuid4().hex}.duckdb"))  # tmp_path is shared by the examples
     try:
         sid = app.sessions.create(SCOPE, "s", "agent", {}).session_id
-        req = BuildRequest(session_id=sid, query="alpha gamma", budget=replace(DEFAULT_BUDGET, memories=memory_budget))
+        req = BuildRequest(session_id=sid, query="alpha gamma", budget=replace(DEFAULT_BUDGET, memories=memory_budget),
+                           cache_aware=False)  # two builds of one session: the second would show the kept recall
         app.builder.sources.append(FixedSource(removed))
         expected = _outcome(app, sid, req)
         app.builder.sources[-1] = FixedSource(full)

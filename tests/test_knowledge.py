@@ -77,7 +77,8 @@ def test_grounding_matched_and_no_match(stub, scope):
     matched = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid,
                                                        query="what are the steps to restart the payment api?"))
     assert matched.knowledge_status == pb.KNOWLEDGE_STATUS_MATCHED
-    kb = [it for s in matched.sections if s.kind == pb.SECTION_KIND_KNOWLEDGE for it in s.items]
+    kb = [it for s in matched.sections if s.kind in (pb.SECTION_KIND_KNOWLEDGE, pb.SECTION_KIND_SESSION_RECALL)
+          for it in s.items if it.source.startswith("kb:")]
     assert any(it.source.startswith("kb:runbook-pay@v1#") for it in kb)
     miss = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid,
                                                     query="what is the capital of France?"))

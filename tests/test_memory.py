@@ -227,7 +227,8 @@ def test_build_context_recalls_memories(stub, scope, session_id):
                                        content="Owns the ledger-db migration project"))
     resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=session_id,
                                                     query="how is the ledger-db migration going?"))
-    section = next(s for s in resp.sections if s.kind == pb.SECTION_KIND_MEMORIES)
+    # A session's first call: what it recalls is the session's kept recall (cache-aware layout).
+    section = next(s for s in resp.sections if s.kind == pb.SECTION_KIND_SESSION_RECALL)
     texts = [it.text for it in section.items]
     assert "- Owns the ledger-db migration project" in texts and "- Prefers detailed answers with tables" in texts
     assert "- Prefers concise answers" not in texts
@@ -290,7 +291,8 @@ def test_context_shows_a_memory_as_it_is_now(stub, scope, session_id):
     def packed() -> list[str]:
         resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=session_id,
                                                         query="which dashboard for payment-api latency?"))
-        return [i.text for s in resp.sections if s.kind == pb.SECTION_KIND_MEMORIES for i in s.items]
+        return [i.text for s in resp.sections if s.kind in (pb.SECTION_KIND_MEMORIES, pb.SECTION_KIND_SESSION_RECALL)
+                for i in s.items]
 
     add = stub.AddMemory(pb.AddMemoryRequest(scope=scope, type=pb.MEMORY_TYPE_PREFERENCE,
                                              content="Prefers the Grafana dashboard for payment-api latency"))

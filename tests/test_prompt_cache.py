@@ -9,7 +9,7 @@ from sidecar.api import context_service_pb2 as pb
 RULES = "You are OpsPilot. Never restart production without approval."
 TOOLS = [pb.ToolSchema(name="restart", description="Restart a service", schema_json='{"type":"object"}')]
 CACHE_ORDER = [pb.SECTION_KIND_SYSTEM_RULES, pb.SECTION_KIND_TOOLS, pb.SECTION_KIND_PINNED_CONSTRAINTS,
-               pb.SECTION_KIND_SESSION_STATE, pb.SECTION_KIND_SUMMARY, pb.SECTION_KIND_RECENT_MESSAGES,
+               pb.SECTION_KIND_SESSION_STATE, pb.SECTION_KIND_SESSION_RECALL, pb.SECTION_KIND_SUMMARY, pb.SECTION_KIND_RECENT_MESSAGES,
                pb.SECTION_KIND_MEMORIES, pb.SECTION_KIND_KNOWLEDGE, pb.SECTION_KIND_TOOL_OBSERVATIONS,
                pb.SECTION_KIND_QUERY]
 
@@ -30,7 +30,8 @@ def _kinds(resp):
     return [s.kind for s in resp.sections if s.items]
 
 
-def test_cache_aware_layout_puts_what_this_call_chose_after_the_history(stub, scope, session_id):
+def test_cache_aware_layout_keeps_the_sessions_recall_and_puts_new_recall_after_the_history(
+        stub, scope, session_id):
     _say(stub, scope, session_id, "Never restart the payment primary.", "Understood.",
          "I prefer short answers.", "Noted.")
     stub.AddMemory(pb.AddMemoryRequest(scope=scope, type=pb.MEMORY_TYPE_SEMANTIC,
@@ -39,21 +40,48 @@ def test_cache_aware_layout_puts_what_this_call_chose_after_the_history(stub, sc
     stub.RecordToolResult(pb.RecordToolResultRequest(scope=scope, session_id=session_id, run_id=run,
                                                      tool_name="grep", call_id="c1", full_text="3 errors"))
     query = "where does the payment api run?"
-    cache = _build(stub, scope, session_id, run_id=run, query=query, render=pb.RENDER_MODE_CHAT)
-    kinds = _kinds(cache)
-    assert kinds == [k for k in CACHE_ORDER if k in kinds] and pb.SECTION_KIND_MEMORIES in kinds
-    assert kinds.index(pb.SECTION_KIND_RECENT_MESSAGES) < kinds.index(pb.SECTION_KIND_MEMORIES)
-    # Chat: the system message holds the stable part, then the conversation, then this call's context.
-    roles = [m.role for m in cache.chat_messages]
-    assert roles[0] == "system" and roles[-2:] == ["system", "user"] and cache.chat_messages[-1].content == query
-    assert "eu-west-1" in cache.chat_messages[-2].content and "eu-west-1" not in cache.chat_messages[0].content
+    first = _build(stub, scope, session_id, run_id=run, query=query, render=pb.RENDER_MODE_CHAT)
+    kinds = _kinds(first)
+    assert kinds == [k for k in CACHE_ORDER if k in kinds] and pb.SECTION_KIND_SESSION_RECALL in kinds
+    assert kinds.index(pb.SECTION_KIND_SESSION_RECALL) < kinds.index(pb.SECTION_KIND_RECENT_MESSAGES)
+    # Chat: the system message holds the stable part (with the session's recall), then the conversation.
+    roles = [m.role for m in first.chat_messages]
+    assert roles[0] == "system" and roles[-1] == "user" and first.chat_messages[-1].content == query
+    assert "eu-west-1" in first.chat_messages[0].content
     # A tool result is part of the history, where it was recorded, as it was recorded.
-    tool = [m for m in cache.chat_messages if m.role == "tool"]
+    tool = [m for m in first.chat_messages if m.role == "tool"]
     assert len(tool) == 1 and tool[0].content.startswith("[grep ok, tool:") and "3 errors" in tool[0].content
-    assert list(cache.chat_messages).index(tool[0]) < len(cache.chat_messages) - 2
+    # A later call keeps the recall as it was; what it recalls beyond it comes after the conversation.
+    job = stub.IngestDocument(pb.IngestDocumentRequest(
+        scope=pb.Scope(tenant_id=scope.tenant_id), doc_id="rb",
+        text="Rotate the gateway certificate with the rotate-certs job.")).job_id
+    stub.WaitForJobs(pb.WaitForJobsRequest(scope=pb.Scope(tenant_id=scope.tenant_id), job_ids=[job]))
+    again = _build(stub, scope, session_id, run_id=run, query=query)  # the knowledge changed: made again
+    later = _build(stub, scope, session_id, run_id=run, query="how do I rotate the gateway certificate?",
+                   render=pb.RENDER_MODE_CHAT)
+    digests = lambda r: {d.kind: d.hash for d in r.section_digests}  # noqa: E731
+    assert digests(later)[pb.SECTION_KIND_SESSION_RECALL] == digests(again)[pb.SECTION_KIND_SESSION_RECALL]
+    kinds = _kinds(later)
+    assert kinds.index(pb.SECTION_KIND_RECENT_MESSAGES) < kinds.index(pb.SECTION_KIND_KNOWLEDGE)
+    assert "rotate-certs" in later.chat_messages[-2].content and "rotate-certs" not in later.chat_messages[0].content
     classic = _build(stub, scope, session_id, run_id=run, query=query, layout=pb.LAYOUT_CLASSIC)
     assert _kinds(classic) == sorted(_kinds(classic))  # proto order: memories before the conversation
-    assert set(_kinds(classic)) == {*kinds, pb.SECTION_KIND_TOOL_OBSERVATIONS}  # its tool results apart
+    assert pb.SECTION_KIND_MEMORIES in _kinds(classic) and pb.SECTION_KIND_TOOL_OBSERVATIONS in _kinds(classic)
+
+
+def test_the_sessions_recall_is_made_again_when_what_it_came_from_changes(stub, scope, session_id):
+    _say(stub, scope, session_id, "hello", "hi")
+    fact = stub.AddMemory(pb.AddMemoryRequest(scope=scope, type=pb.MEMORY_TYPE_SEMANTIC,
+                                              content="The payment api runs in eu-west-1")).memory
+    recall = lambda: [i.text for s in _build(stub, scope, session_id, query="where does the payment api run?")  # noqa: E731
+                      .sections if s.kind == pb.SECTION_KIND_SESSION_RECALL for i in s.items]
+    assert any("eu-west-1" in t for t in recall())
+    stub.UpdateMemory(pb.UpdateMemoryRequest(scope=scope, memory_id=fact.memory_id,
+                                             content="The payment api runs in us-east-2"))
+    now = recall()
+    assert any("us-east-2" in t for t in now) and not any("eu-west-1" in t for t in now)
+    stub.DeleteMemory(pb.DeleteMemoryRequest(scope=scope, memory_id=fact.memory_id))
+    assert not any("payment api" in t for t in recall())
 
 
 def test_state_grows_by_appending(stub, scope, session_id):

@@ -44,6 +44,7 @@ from sidecar.domain import (
     SessionStatus,
     SessionSummary,
     SubSessionResult,
+    ToolCall,
     ToolResult,
     ToolStatus,
 )
@@ -286,6 +287,21 @@ def test_get_messages_by_id(backend, scope):
     assert [m.text for m in backend.get_messages(scope, "s1", ids)] == ["a", "c"]
     assert backend.get_messages(scope, "s1", []) == []
     assert backend.get_messages(scope, "s2", ids) == []
+
+
+def test_tool_calls_round_trip(backend, scope):
+    new_session(backend, scope)
+    calls = (ToolCall("call_1", "query_logs", '{"service": "payment-api", "note": "ünïcode"}'), ToolCall("c:2", "noop"))
+    out = backend.append_messages(scope, "s1", [
+        NewMessage(role=Role.USER, text="why 5xx?"),
+        NewMessage(role=Role.ASSISTANT, text="", tool_calls=calls, idempotency_key="k1")], counts(2), now_ms=5)
+    assert out[1].tool_calls == calls and out[0].tool_calls == ()
+    assert backend.list_messages(scope, "s1") == out
+    assert backend.get_messages(scope, "s1", [out[1].message_id]) == [out[1]]
+    assert backend.list_user_messages(scope, [int(Role.ASSISTANT)])[0].tool_calls == calls
+    replayed = backend.append_messages(scope, "s1", [NewMessage(role=Role.ASSISTANT, text="", tool_calls=calls,
+                                                                idempotency_key="k1")], counts(1), now_ms=6)
+    assert replayed == [out[1]]
 
 
 # ---------------------------------------------------------------------------- facts

@@ -7,7 +7,7 @@ import hashlib
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
@@ -26,6 +26,7 @@ from sidecar.assembly.candidates import (
     query_texts,
 )
 from sidecar.assembly.prompt_cache import PromptCache, PromptMemory
+from sidecar.assembly.session_recall import RECALLED, SessionRecall, leave_out
 from sidecar.clock import now_ms
 from sidecar.domain import Category, Fact, Role, Scope
 from sidecar.errors import FailedPrecondition, InvalidArgument
@@ -33,7 +34,8 @@ from sidecar.index.embedders import Embedder
 from sidecar.services.sessions import SessionService
 from sidecar.store.cache import SessionView
 from sidecar.text import query_terms
-from sidecar.tokens import count_tokens_cached
+from sidecar.tokens import CL100K, TokenCounter, count_tokens_cached
+from sidecar.tokens import counter as token_counter
 
 # Proto numbers (kept here so the assembly does not import the generated stubs).
 CATEGORY_SYSTEM_AND_TOOLS, CATEGORY_SESSION_STATE = Category.SYSTEM_AND_TOOLS, Category.SESSION_STATE
@@ -48,6 +50,7 @@ HEADERS: dict[Section, str] = {
     Section.SESSION_STATE: "## Session state (confirmed)",
     Section.MEMORIES: "## What we know about the user",
     Section.KNOWLEDGE: "## Knowledge base",
+    Section.SESSION_RECALL: "## Recalled for this session",
     Section.SUMMARY: "## Summary of earlier turns",
     Section.RECENT_MESSAGES: "## Recent messages",
     Section.TOOL_OBSERVATIONS: "## Tool observations",
@@ -59,6 +62,17 @@ SOFT_SECTIONS = (Section.MEMORIES, Section.KNOWLEDGE, Section.SUMMARY, Section.R
                  Section.TOOL_OBSERVATIONS)
 DEFAULT_MAX_DROPPED = 32
 SOFT_HEADER_RESERVE = sum(HEADER_TOKENS[s] for s in SOFT_SECTIONS)
+# Per tokenizer: its HEADER_TOKENS and SOFT_HEADER_RESERVE (another tokenizer's counted on its first call).
+_HEADERS_BY_COUNTER: dict[TokenCounter, tuple[dict[Section, int], int]] = {CL100K: (HEADER_TOKENS, SOFT_HEADER_RESERVE)}
+
+
+def headers_in(counter: TokenCounter) -> tuple[dict[Section, int], int]:
+    """(HEADER_TOKENS, SOFT_HEADER_RESERVE) counted by `counter`."""
+    held = _HEADERS_BY_COUNTER.get(counter)
+    if held is None:
+        tokens = {s: counter.count("\n" + h + "\n") for s, h in HEADERS.items()}
+        held = _HEADERS_BY_COUNTER[counter] = (tokens, sum(tokens[s] for s in SOFT_SECTIONS))
+    return held
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +101,7 @@ class BuildRequest:
     min_score: float = float("-inf")
     max_dropped: int = 0
     cache_aware: bool = True  # proto Layout: LAYOUT_CACHE_AWARE, else LAYOUT_CLASSIC
+    tokenizer: str = ""  # what counts this call's tokens (sidecar.tokens.COUNTERS; "": cl100k_base)
 
 
 @dataclass(slots=True)
@@ -166,6 +181,11 @@ class BuildResult:
     timings: list[tuple[str, int]]
     debug: bool = False
     cache: PromptCache | None = None  # what of this prompt repeats the session's previous one
+    token_counter: str = CL100K.name  # what counted every token of it
+    # What provider renderings read beside the items: the request's tools and the session as read for this
+    # call (its messages' tool calls, its tool results' call ids).
+    tools: Sequence[ToolSpec] = ()
+    view: SessionView | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -205,20 +225,26 @@ class ContextBuilder:
         # will embed goes through it in one batch. None: the built-in embedder, for which a batch saves nothing.
         self.query_embedder = query_embedder
         self.prompts = PromptMemory()
+        self.session_recall = SessionRecall()
+        # What a session's kept recall depends on beyond the session itself: each part is called with the
+        # scope (the app adds the user's memories' and recall index's generations, the tenant's knowledge's).
+        self.recall_epoch: list[Callable[[Scope], object]] = []
         # Given the stage timings of each build (sidecar.tracing turns them into spans); None: nothing to do.
         self.stage_observer: Callable[[list[tuple[str, int]]], None] | None = None
 
     def build(self, scope: Scope, req: BuildRequest) -> BuildResult:
         clock = _StageClock()
+        counter = token_counter(req.tokenizer)  # an unknown name is INVALID_ARGUMENT, before anything is read
         view = self.sessions.view(scope, req.session_id)
         if req.query_embedding is not None and not np.all(np.isfinite(req.query_embedding)):
             raise InvalidArgument("query_embedding holds a NaN or infinite value")
         budget = req.budget
+        header_tokens, soft_header_reserve = headers_in(counter)
         clock.lap("scope")
 
-        hard, prefix_hash, prefix_tokens = self._hard_zone(scope, view, req)
+        hard, prefix_hash, prefix_tokens = self._hard_zone(scope, view, req, counter, header_tokens)
         hard_tokens = sum(it.tokens for _, items in hard for it in items)
-        hard_tokens += sum(HEADER_TOKENS[s] for s, items in hard if items and s in HEADER_TOKENS)
+        hard_tokens += sum(header_tokens[s] for s, items in hard if items and s in header_tokens)
         if hard_tokens > budget.total:
             raise FailedPrecondition(
                 f"hard zone (system rules, tools, pinned constraints, session state, query) is {hard_tokens} tokens; "
@@ -228,23 +254,44 @@ class ContextBuilder:
 
         inp = BuildInput(scope=scope, view=view, run_id=req.run_id, query=req.query,
                          query_terms=frozenset(query_terms(req.query)), query_embedding=req.query_embedding, roles=req.roles,
-                         budget=budget, now_ms=now_ms(), cache_aware=req.cache_aware)
+                         budget=budget, now_ms=now_ms(), cache_aware=req.cache_aware, counter=counter)
         if self.query_embedder is not None and inp.query:
             self._embed_query_texts(self.query_embedder, inp)
         batches = [b for src in self.sources for b in src.candidates(inp)]
         for resolve in self.resolvers:
             resolve(batches)
+        key = (scope.tenant_id, scope.user_id, req.session_id)
+        kept = epoch = None
+        select_budget, soft_total = budget, max(budget.total - hard_tokens - soft_header_reserve, 0)
+        if req.cache_aware:
+            epoch = self._recall_epoch(scope, view, req)
+            kept = self.session_recall.get(key, epoch)
+            if kept is not None and kept.tokens + header_tokens[Section.SESSION_RECALL] > soft_total:
+                kept = None  # the hard zone grew (a longer query): it no longer fits, so it is made again
+            if kept is not None:  # shown first; this call recalls only what it lacks, within what is left
+                leave_out(batches, kept)
+                select_budget = replace(budget, memories=max(budget.memories - kept.by_section.get(Section.MEMORIES, 0), 0),
+                                        rag_or_graph=max(budget.rag_or_graph - kept.by_section.get(Section.KNOWLEDGE, 0), 0))
+                soft_total = max(soft_total - kept.tokens - header_tokens[Section.SESSION_RECALL], 0)
         clock.lap("candidates")
 
-        soft_total = max(budget.total - hard_tokens - SOFT_HEADER_RESERVE, 0)
         max_dropped = (1 << 30) if req.debug and not req.max_dropped else (req.max_dropped or DEFAULT_MAX_DROPPED)
         soft_sections, usage, dropped, drop_counts, soft_tokens = self._select(
-            batches, budget, soft_total, req.min_score, max_dropped, clock)
+            batches, select_budget, soft_total, req.min_score, max_dropped, clock)
+        if req.cache_aware:
+            if kept is None:  # this call's recall is the session's, from now until the epoch changes
+                kept = self.session_recall.keep(key, epoch, soft_sections)
+                soft_sections = [PackedSection.of_items(p.kind, []) if p.kind in RECALLED else p for p in soft_sections]
+                soft_tokens -= kept.tokens
+            if kept.bodies:
+                soft_sections.append(PackedSection(Section.SESSION_RECALL, kept.tokens, kept.bodies, kept.scores,
+                                                   lambda: kept.items, kept.items))
+                soft_tokens += kept.tokens
 
         packed = [PackedSection.of_items(s, items) for s, items in hard] + soft_sections
         packed.sort(key=_render_rank if req.cache_aware else _kind)
-        soft_tokens += sum(HEADER_TOKENS[p.kind] for p in soft_sections if p.bodies)
-        cache = self.prompts.compare((scope.tenant_id, scope.user_id, req.session_id), packed, HEADER_TOKENS)
+        soft_tokens += sum(header_tokens[p.kind] for p in soft_sections if p.bodies)
+        cache = self.prompts.compare((scope.tenant_id, scope.user_id, req.session_id), packed, header_tokens)
         clock.lap("render")
         if self.stage_observer is not None:
             self.stage_observer(clock.laps)
@@ -252,7 +299,20 @@ class ContextBuilder:
             packed=packed, usage=usage, hard_zone_tokens=hard_tokens, soft_zone_tokens=soft_tokens,
             total_budget=budget.total, dropped=dropped, drop_counts=drop_counts, stable_prefix_hash=prefix_hash,
             stable_prefix_tokens=prefix_tokens, knowledge_status=_knowledge_status(batches), timings=clock.laps,
-            debug=req.debug, cache=cache)
+            debug=req.debug, cache=cache, token_counter=counter.name, tools=req.tools, view=view)
+
+    def forget_user(self, scope: Scope) -> dict[str, int]:
+        """What the builder keeps of a user's prompts goes (a deletion or ForgetUser): kept recall quotes
+        their past turns and memories."""
+        self.prompts.drop_user(scope.tenant_id, scope.user_id)
+        return {"session_recall": self.session_recall.drop_user(scope.tenant_id, scope.user_id)}
+
+    def _recall_epoch(self, scope: Scope, view: SessionView, req: BuildRequest) -> tuple:
+        summary = view.summary
+        # The tokenizer too: kept items carry their counts in it.
+        return (summary.covered_until_seq if summary is not None else 0, req.roles, req.budget, req.min_score,
+                req.tokenizer,
+                *(part(scope) for part in self.recall_epoch))
 
     def _embed_query_texts(self, embedder: Embedder, inp: BuildInput) -> None:
         """What the sources will embed (the query as asked for memories and knowledge, without the
@@ -264,14 +324,15 @@ class ContextBuilder:
             embedder.embed(texts)
 
     # ------------------------------------------------------------------ hard zone
-    def _hard_zone(self, scope: Scope, view: SessionView, req: BuildRequest
-                   ) -> tuple[list[tuple[Section, list[Item]]], str, int]:
+    def _hard_zone(self, scope: Scope, view: SessionView, req: BuildRequest, counter: TokenCounter,
+                   header_tokens: dict[Section, int]) -> tuple[list[tuple[Section, list[Item]]], str, int]:
         budget = req.budget
-        rules = [Item("system:rules", CATEGORY_SYSTEM_AND_TOOLS, 0.0, count_tokens_cached(req.system_rules),
+        count = counter.cached  # cl100k: count_tokens_cached itself
+        rules = [Item("system:rules", CATEGORY_SYSTEM_AND_TOOLS, 0.0, count(req.system_rules),
                       req.system_rules)] if req.system_rules else []
-        tools = [Item(f"tool_schema:{t.name}", CATEGORY_SYSTEM_AND_TOOLS, 0.0, count_tokens_cached(t.rendered) + 1,
+        tools = [Item(f"tool_schema:{t.name}", CATEGORY_SYSTEM_AND_TOOLS, 0.0, count(t.rendered) + 1,
                       t.rendered) for t in req.tools]
-        system_tokens = sum(i.tokens for i in rules + tools) + (HEADER_TOKENS[Section.TOOLS] if tools else 0)
+        system_tokens = sum(i.tokens for i in rules + tools) + (header_tokens[Section.TOOLS] if tools else 0)
         if system_tokens > budget.system_and_tools:
             raise FailedPrecondition(
                 f"system_and_tools block (system_rules + tools) is {system_tokens} tokens; "
@@ -284,21 +345,24 @@ class ContextBuilder:
         facts = [Item(f"fact:{key}", CATEGORY_SESSION_STATE, 0.0, f.tokens + 1, f.rendered,
                       timestamp_ms=f.updated_at_ms)
                  for key, f in confirmed]
+        if not counter.stored:  # pins and facts keep cl100k counts of their line (count + 1)
+            for it in pinned + facts:
+                it.tokens = counter.plus_newline(it.text, it.tokens)
         if view.session.task:
             # A sub-agent's task is the parent agent's word, not confirmed state (its fact is a
             # candidate), yet the child must always see it: from the session, labelled as such.
             task = f"task (handed over by the parent agent): {view.session.task}"
             facts.insert(0, Item(f"task:{view.session.session_id}", CATEGORY_SESSION_STATE, 0.0,
-                                 count_tokens_cached(task) + 1, task, timestamp_ms=view.session.created_at_ms))
+                                 count(task) + 1, task, timestamp_ms=view.session.created_at_ms))
         state_tokens = sum(i.tokens for i in pinned + facts)
-        state_tokens += (HEADER_TOKENS[Section.PINNED_CONSTRAINTS] if pinned else 0)
-        state_tokens += (HEADER_TOKENS[Section.SESSION_STATE] if facts else 0)
+        state_tokens += (header_tokens[Section.PINNED_CONSTRAINTS] if pinned else 0)
+        state_tokens += (header_tokens[Section.SESSION_STATE] if facts else 0)
         if state_tokens > budget.session_state:
             raise FailedPrecondition(
                 f"session_state block (confirmed facts + pinned constraints) is {state_tokens} tokens; "
                 f"budget.session_state is {budget.session_state}" + _pinned_hint(pinned))
 
-        query = [Item("query", 0, 0.0, count_tokens_cached(req.query), req.query)] if req.query else []
+        query = [Item("query", 0, 0.0, count(req.query), req.query)] if req.query else []
         hard = [(Section.SYSTEM_RULES, rules), (Section.TOOLS, tools), (Section.PINNED_CONSTRAINTS, pinned),
                 (Section.SESSION_STATE, facts), (Section.QUERY, query)]
         digest = hashlib.blake2b(digest_size=16)

@@ -13,6 +13,7 @@ import numpy as np
 from sidecar.assembly.budget import Budget
 from sidecar.domain import Category, Scope
 from sidecar.store.cache import SessionView
+from sidecar.tokens import CL100K, TokenCounter
 
 
 class SoftCategory(enum.IntEnum):
@@ -46,13 +47,15 @@ class Section(enum.IntEnum):
     RECENT_MESSAGES = 8
     TOOL_OBSERVATIONS = 9
     QUERY = 10
+    SESSION_RECALL = 11  # cache-aware layout: the session's recall, kept (sidecar.assembly.session_recall)
 
 
-# Render order of the cache-aware layout (proto Layout): what is stable, then what only grows (summary,
-# history), then what this call chose (memories, knowledge, tool observations), then the query.
+# Render order of the cache-aware layout (proto Layout): what is stable (the session's recall changes only
+# when the summary folds), then what only grows (summary, history), then what this call chose (memories,
+# knowledge, run notes), then the query.
 CACHE_AWARE_ORDER = (Section.SYSTEM_RULES, Section.TOOLS, Section.PINNED_CONSTRAINTS, Section.SESSION_STATE,
-                     Section.SUMMARY, Section.RECENT_MESSAGES, Section.MEMORIES, Section.KNOWLEDGE,
-                     Section.TOOL_OBSERVATIONS, Section.QUERY)
+                     Section.SESSION_RECALL, Section.SUMMARY, Section.RECENT_MESSAGES, Section.MEMORIES,
+                     Section.KNOWLEDGE, Section.TOOL_OBSERVATIONS, Section.QUERY)
 
 
 @dataclass(slots=True)
@@ -69,6 +72,9 @@ class BuildInput:
     budget: Budget
     now_ms: int
     cache_aware: bool = True  # proto Layout: the history starts where the summary ends, in blocks
+    # What counts every candidate's tokens (BuildContextRequest.tokenizer). Rows store cl100k counts; with any
+    # other counter a source counts its texts through it (cached per text) and leaves `bodies` to the builder.
+    counter: TokenCounter = CL100K
 
 
 @dataclass(slots=True)

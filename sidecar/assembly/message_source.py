@@ -15,37 +15,37 @@ from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, Sof
 from sidecar.compress.trim import tool_header
 from sidecar.domain import Category, Role, ToolResult
 from sidecar.store.cache import MESSAGE_LINE_EXTRA
-from sidecar.tokens import count_line
+from sidecar.tokens import TokenCounter
 
 # Priority halves every this many turns back, so newer turns always outrank older ones.
 HALF_LIFE_TURNS = 24.0
 # Consider at most this multiple of the category budget (older turns belong to the summary).
 WINDOW_FACTOR = 2
 MAX_WINDOW_MESSAGES = 400
-MAX_TOOL_ITEMS = 4096  # tool results' history items kept made
+MAX_TOOL_ITEMS = 256  # a session's tool results' history items kept made (its view holds the newest 20)
 STEP = 8  # a window start forced by the budget moves by this many messages at once
 
 
 class MessageSource:
     name = "messages"
 
-    def __init__(self) -> None:
-        self._tool_items: dict[tuple[str, bool], ToolItem] = {}  # (tool result id, view) -> its history item
-
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
         tail = inp.view.tail  # one read: an append publishes a new tail meanwhile, never changes this one
         batch = CandidateBatch(category=SoftCategory.RECENT_MESSAGES, section=Section.RECENT_MESSAGES)
+        counter = inp.counter
+        line_tokens, bodies = tail.counted(counter)  # the stored ones, or made once per tokenizer
         summary = inp.view.summary
-        room = inp.budget.recent_messages - (summary.tokens if inp.cache_aware and summary and summary.text else 0)
+        room = inp.budget.recent_messages - (counter.plus_newline(summary.text, summary.tokens)
+                                             if inp.cache_aware and summary and summary.text else 0)
         # Cache-aware: the session's tool results belong to the history, each shown as it was recorded (its
         # view, or its brief when the view would take over a quarter of the history's room).
-        tools = [self._tool_item(r, r.view_tokens <= room // 4) for r in inp.view.tool_results] \
-            if inp.cache_aware else []
+        tools = [_tool_item(inp.view.history_items, r, counter.of(r.view_text, r.view_tokens) <= room // 4, counter)
+                 for r in inp.view.tool_results] if inp.cache_aware else []
         if not tail.messages:
             if tools:
                 _add_tools(_empty(batch), tools, tail, [])
             return [batch]
-        newest = tail.line_tokens[-MAX_WINDOW_MESSAGES:][::-1] + MESSAGE_LINE_EXTRA
+        newest = line_tokens[-MAX_WINDOW_MESSAGES:][::-1] + MESSAGE_LINE_EXTRA
         if tools:  # what the tool results after each message take, charged to that message
             anchor = np.searchsorted(tail.created, [t.at for t in tools], side="right") - 1
             extra = np.bincount(np.maximum(anchor, 0), [t.tokens for t in tools], len(tail.messages)).astype(np.int64)
@@ -61,14 +61,14 @@ class MessageSource:
         n = len(window)
         batch.texts = tail.lines[start:]
         batch.sources = tail.sources[start:]
-        batch.tokens = tail.line_tokens[start:] + MESSAGE_LINE_EXTRA
+        batch.tokens = line_tokens[start:] + MESSAGE_LINE_EXTRA
         batch.relevance = np.zeros(n)
         batch.age_s = np.zeros(n)
         batch.priority = 0.5 ** (np.arange(n - 1, -1, -1) / HALF_LIFE_TURNS)
         batch.meta = lambda j: (int(window[j].role), window[j].timestamp_ms, float(window[j].seq),
                                 (window[j].message_id,))
         batch.order = tail.seqs[start:]  # conversational order in the prompt
-        batch.bodies = tail.item_bodies[start:]
+        batch.bodies = bodies[start:]
         batch.exact_keys = tail.exact_keys[start:]
         batch.simhashes = tail.simhashes[start:]
         shown = [t for t in tools if window and t.at >= window[0].created_at_ms]
@@ -76,19 +76,22 @@ class MessageSource:
             _add_tools(batch, shown, tail, window)
         return [batch]
 
-    def _tool_item(self, r: ToolResult, view: bool) -> ToolItem:
-        """A tool result in the history: its header and the view (or brief) made when it was recorded,
-        the same on every call."""
-        item = self._tool_items.get((r.tool_result_id, view))
-        if item is None:
-            source, text = f"tool:{r.tool_result_id}", f"{tool_header(r)}\n{r.view_text if view else r.brief_text}"
-            tokens = count_line(text)
-            body = fastpath.encode_item(source, Category.TOOL_OBSERVATIONS, tokens, text, int(Role.TOOL),
-                                        r.created_at_ms, ())
-            if len(self._tool_items) >= MAX_TOOL_ITEMS:
-                self._tool_items.clear()
-            item = self._tool_items[(r.tool_result_id, view)] = ToolItem(source, text, tokens, body, r.created_at_ms)
-        return item
+
+def _tool_item(made: dict, r: ToolResult, view: bool, counter: TokenCounter) -> ToolItem:
+    """A tool result in the history: its header and the view (or brief) made when it was recorded, the
+    same on every call; its tokens and bytes made once per tokenizer and kept with the session's cached
+    view (so they leave with it: an evicted, deleted or forgotten session keeps nothing here)."""
+    key = (r.tool_result_id, view, counter)
+    item = made.get(key)
+    if item is None:
+        source, text = f"tool:{r.tool_result_id}", f"{tool_header(r)}\n{r.view_text if view else r.brief_text}"
+        tokens = counter.count_line(text)
+        body = fastpath.encode_item(source, Category.TOOL_OBSERVATIONS, tokens, text, int(Role.TOOL),
+                                    r.created_at_ms, ())
+        if len(made) >= MAX_TOOL_ITEMS:
+            made.clear()
+        item = made[key] = ToolItem(source, text, tokens, body, r.created_at_ms)
+    return item
 
 
 class ToolItem(NamedTuple):

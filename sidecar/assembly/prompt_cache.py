@@ -72,6 +72,12 @@ class PromptMemory:
                            _breakpoints(seen))
 
 
+    def drop_user(self, tenant_id: str, user_id: str) -> None:
+        with self._lock:
+            for k in [k for k in self._previous if k[0] == tenant_id and k[1] == user_id]:
+                del self._previous[k]
+
+
 def _shared_tokens(before: list[_Seen], now: list[_Seen], packed: list[Packed],
                    header_tokens: Mapping[Section, int]) -> int:
     """Tokens of the longest run of leading items equal in both prompts."""

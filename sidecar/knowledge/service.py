@@ -4,6 +4,7 @@ role-filtered in the index, searched hybrid; graph facts with multi-hop queries.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import re
 import threading
@@ -33,6 +34,7 @@ MAX_DOC_TEXT = 16 * 1024 * 1024
 EMBED_BATCH = 256
 FORMAT_MARKDOWN = 2
 _ROLE_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
+_GENERATIONS = itertools.count(1)
 
 
 def edge_id_for(subject: str, relation: str, obj: str) -> str:
@@ -51,6 +53,7 @@ class KnowledgeService:
         self._graphs: dict[str, EdgeIndex] = {}
         self._lock = threading.RLock()
         self._dirty: set[str] = set()  # tenants whose index changed since it was last saved
+        self._generations: dict[str, int] = {}  # tenant -> a serial of its last change (generation())
         self._closing = threading.Event()
 
     # ------------------------------------------------------------------ index state
@@ -172,6 +175,7 @@ class KnowledgeService:
             self.upsert_edges(Scope(tenant_id, ""), edges)
         self.store.mark_indexed(tenant_id, doc_id, version)
         self._dirty.add(tenant_id)
+        self._changed(tenant_id)
         job.done_items = job.total_items = len(chunks)
         return {"chunks": str(len(chunks)), "edges": str(len(edges)), "live": str(doc.live).lower()}
 
@@ -192,6 +196,17 @@ class KnowledgeService:
                 self._graphs.pop(tenant_id, None)
         if tk is not None and not graph:
             self._catch_up(tenant_id, tk)
+        self._changed(tenant_id)
+
+    def _changed(self, tenant_id: str) -> None:
+        with self._lock:
+            self._generations[tenant_id] = next(_GENERATIONS)
+
+    def generation(self, tenant_id: str) -> tuple[int, int, int]:
+        """Changes whenever what the tenant's knowledge may answer changes: chunks, versions, edges, and
+        an edge starting or ceasing to be valid."""
+        graph = self._graphs.get(tenant_id)
+        return (self._generations.get(tenant_id, 0), *((graph.version, graph.interval(now_ms())) if graph else (0, 0)))
 
     def save_tenant(self, tenant_id: str) -> None:
         path = self._index_path(tenant_id)
@@ -221,6 +236,7 @@ class KnowledgeService:
         self._add_chunks(tk, [ChunkEntry(c, doc.title, tuple(doc.allowed_roles))
                               for c in self.store.chunks(scope.tenant_id, doc_id, version)])
         self._dirty.add(scope.tenant_id)
+        self._changed(scope.tenant_id)
         return next(d for d in self.store.document_versions(scope.tenant_id, doc_id) if d.version == version)
 
     def delete(self, scope: Scope, doc_id: str) -> tuple[int, int]:
@@ -231,6 +247,7 @@ class KnowledgeService:
         with self._lock:
             self._graphs.pop(scope.tenant_id, None)
         self._dirty.add(scope.tenant_id)
+        self._changed(scope.tenant_id)
         return versions, chunks
 
     # ------------------------------------------------------------------ retrieval
@@ -278,6 +295,7 @@ class KnowledgeService:
         with self._lock:
             for e in out:
                 g.add(e)
+        self._changed(scope.tenant_id)
         return out
 
     def delete_edges(self, scope: Scope, edge_ids: Sequence[str]) -> int:
@@ -288,6 +306,7 @@ class KnowledgeService:
         with self._lock:
             for eid in edge_ids:
                 g.remove(eid)
+        self._changed(scope.tenant_id)
         return n
 
     def query_graph(self, scope: Scope, entity: str, relations: Sequence[str], max_hops: int, direction: str,

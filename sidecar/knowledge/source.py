@@ -106,6 +106,10 @@ class KnowledgeSource:
             kb.vectors = (np.stack([h.vector for h, _ in hits]) if hits
                           else np.zeros((0, self.knowledge.embedder.dim), np.float32))
         self._graph_candidates(inp, graph, kb)
+        if not inp.counter.stored and len(kb):
+            # Another tokenizer: each chunk's and path's line counted in it (once per text, as stored counts are:
+            # the text and its newline); the builder encodes the packed items' bytes with those counts.
+            kb.tokens, kb.bodies = [inp.counter.cached(t) + 1 for t in kb.texts], None
         return [kb]
 
     def _graph_candidates(self, inp: BuildInput, graph: EdgeIndex, kb: CandidateBatch) -> None:

@@ -1161,6 +1161,12 @@ class EpisodicSource:
                 return
             self._bound(key)
 
+    def generation(self, scope: Scope) -> tuple[int, int] | None:
+        """Changes whenever the user's past turns are rebuilt or some leave recall (not when turns are
+        added: a session's recalled turns come from other sessions)."""
+        state = self._users.get((scope.tenant_id, scope.user_id))
+        return (state.serial, len(state.hidden)) if state is not None else None
+
     def exclude(self, scope: Scope, message_ids: set[str]) -> None:
         """Stop recalling these turns of the user (their rows stay in their session's history)."""
         with self._lock:
@@ -1326,6 +1332,9 @@ class EpisodicSource:
         headers: list[ItemMeta] = self._day_headers(state, batch, rows) if not state.dated else []
         batch.priority = np.zeros(len(batch.texts))
         batch.meta = partial(_turn_meta, state, row_list, headers, batch.order)
+        if not inp.counter.stored:  # another tokenizer: every item (turn, marked turn, day) is a line counted in it
+            batch.tokens = np.array([inp.counter.line(t) for t in batch.texts], np.int32)
+            batch.bodies = None  # the builder encodes the packed ones with these counts
         return [batch]
 
     @staticmethod

@@ -3,6 +3,8 @@ find conflicts, and who superseded whom. Built from rows on first use, updated o
 
 from __future__ import annotations
 
+import itertools
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -16,6 +18,7 @@ from sidecar.text import query_terms, terms
 if TYPE_CHECKING:  # the source module imports this one
     from sidecar.memory.source import PreparedMemory
 
+_GENERATIONS = itertools.count(1)
 # A user-stated memory outranks an inferred one at equal relevance.
 AUTHORITY_BONUS = {Authority.USER_STATED: 0.05, Authority.TOOL_VERIFIED: 0.03, Authority.INFERRED: 0.0}
 
@@ -52,21 +55,31 @@ class UserMemories:
     # source turn id -> how a superseded memory learnt from it was replaced (MemoryService.superseded_turns),
     # dropped on every change
     turn_marks: dict[str, SupersededTurn] | None = None
+    generation: int = field(default_factory=lambda: next(_GENERATIONS))  # a new serial on every change
+    _expiries: tuple[int, list[int]] | None = None  # (generation, the active memories' expiry times, sorted)
 
     def add(self, memory: Memory, vector: np.ndarray) -> None:
         self._prefs = None
         self.turn_marks = None
+        self.generation = next(_GENERATIONS)
         self.prepared.pop(memory.memory_id, None)
         self.active[memory.memory_id] = memory
         if memory.subject:
             self.by_subject.setdefault((memory.type, memory.subject), set()).add(memory.memory_id)
         self.index.add(memory.memory_id, vector, terms(memory.content), AUTHORITY_BONUS[memory.authority])
 
+    def expiry_interval(self, now_ms: int) -> int:
+        """How many of the active memories' expiry times have passed: changes when one expires."""
+        if self._expiries is None or self._expiries[0] != self.generation:
+            self._expiries = (self.generation, sorted(m.expires_at_ms for m in self.active.values() if m.expires_at_ms))
+        return bisect_right(self._expiries[1], now_ms)
+
     def remove(self, memory_id: str) -> bool:
         memory = self.active.pop(memory_id, None)
         self.prepared.pop(memory_id, None)
         self._prefs = None
         self.turn_marks = None
+        self.generation = next(_GENERATIONS)
         if memory is None:
             return False
         if memory.subject:
@@ -80,6 +93,7 @@ class UserMemories:
         self.prepared.pop(memory.memory_id, None)
         self._prefs = None
         self.turn_marks = None
+        self.generation = next(_GENERATIONS)
 
     def top_preferences(self, n: int) -> list[Memory]:
         """The n strongest, newest preferences, kept sorted on write (not scanned per call)."""

@@ -309,6 +309,12 @@ class MemoryService:
                 self.invalidate(scope)  # rebuilt from rows: no word or subject of the deleted ones lingers
         return gone
 
+    def generation(self, scope: Scope) -> tuple[int, int]:
+        """Changes whenever the user's memories change (a write, an edit, a deletion, a reload) or one
+        expires."""
+        state = self.user(scope)
+        return state.generation, state.expiry_interval(now_ms())
+
     def superseded_turns(self, scope: Scope) -> dict[str, SupersededTurn]:
         """The source turns of the user's superseded memories (those not also sources of the memory that
         replaced them), with the date and content of the current one, so recall can mark them."""

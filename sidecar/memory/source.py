@@ -73,7 +73,7 @@ class MemorySource:
                     continue
                 if m.expired(now):
                     batch.dropped.append(SourceDrop(f"memory:{m.memory_id}", SoftCategory.MEMORIES, DROP_EXPIRED,
-                                                    m.tokens))
+                                                    inp.counter.of_line(render_memory(m.content), m.tokens)))
                 elif m.type == MemoryType.PREFERENCE and not sub_agent:
                     picked[key] = (m, max(score, PREFERENCE_FLOOR + AUTHORITY_BONUS[m.authority]))
                 elif score >= MIN_RELEVANCE:
@@ -99,6 +99,8 @@ class MemorySource:
         batch.age_s = [max(now - t, 0) / 1000.0 for t in updated]
         batch.vectors = vectors  # the rows as indexed; only the knowledge resolver reads a few of them
         batch.meta = metas.__getitem__
+        if not inp.counter.stored:  # another tokenizer: counted (once per text) in it; the builder makes the bytes
+            batch.tokens, batch.bodies = [inp.counter.line(t) for t in texts], None
         return [batch]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sidecar import text_caches
+from sidecar.assembly.builder import ContextBuilder
 from sidecar.domain import Scope
 from sidecar.errors import InvalidArgument, NotFound
 from sidecar.ids import check_id
@@ -17,8 +18,10 @@ from sidecar.services.sessions import SessionService
 
 
 class DeletionService:
-    def __init__(self, sessions: SessionService, memories: MemoryService, episodic: EpisodicSource) -> None:
+    def __init__(self, sessions: SessionService, memories: MemoryService, episodic: EpisodicSource,
+                 builder: ContextBuilder) -> None:
         self.sessions = sessions
+        self.builder = builder
         self.store = sessions.store
         self.memories = memories
         self.episodic = episodic
@@ -50,4 +53,5 @@ class DeletionService:
         self.episodic.drop_user(scope)
         self.store.evict_user(scope)  # the session's view, and its sub-sessions'
         text_caches.clear(self.memories.embedder)
+        counts.update(self.builder.forget_user(scope))
         return counts

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -14,6 +15,8 @@ from sidecar.ids import check_id, check_text, new_id
 from sidecar.secrets import Masked, mask
 from sidecar.services import limits
 from sidecar.store.cache import CachingStore, SessionView
+
+MAX_TOOL_CALLS = 128  # per assistant message (models make a handful in parallel)
 
 
 def decode_page_token(token: str) -> int:
@@ -108,6 +111,8 @@ class SessionService:
             check_id(m.idempotency_key, f"messages[{i}].idempotency_key", required=False)
             if m.client_timestamp_ms < 0:
                 raise InvalidArgument(f"messages[{i}].client_timestamp_ms must not be negative")
+            if m.tool_calls:
+                check_tool_calls(m, f"messages[{i}]")
         view = self.open_view(scope, session_id)
         if view.session.message_count + len(messages) > self.max_session_messages:
             raise ResourceExhausted(
@@ -117,8 +122,11 @@ class SessionService:
         clean: list[NewMessage] = []
         for i, m in enumerate(messages):
             text, found = mask(m.text)
-            masked += [(i, f) for f in found]
-            clean.append(replace(m, text=text) if found else m)
+            args = [mask_arguments(c.arguments_json) for c in m.tool_calls]  # what a call passes is stored too
+            in_args = [f for _, more in args for f in more]
+            masked += [(i, f) for f in found + in_args]
+            calls = tuple(replace(c, arguments_json=a) for c, (a, _) in zip(m.tool_calls, args, strict=True))
+            clean.append(replace(m, text=text, tool_calls=calls) if found or in_args else m)
         messages = clean
         # Counted once here; every later read uses the stored counts.
         counts = list(zip(tokens.count_many([m.text for m in messages]),
@@ -140,3 +148,40 @@ class SessionService:
         if newest == 0 and from_seq == 0 and to_seq == 0:
             newest = 100  # no selector given: the newest 100, the common case
         return self.store.list_messages(scope, session_id, newest=newest, from_seq=from_seq, to_seq=to_seq)
+
+
+def check_tool_calls(m: NewMessage, field: str) -> None:
+    """An assistant message's tool calls: ids that a tool result can name (distinct), a tool name and
+    arguments that are a JSON object (what each provider's request takes)."""
+    if m.role != Role.ASSISTANT:
+        raise InvalidArgument(f"{field}.tool_calls: only an assistant message makes tool calls (role is {m.role.name})")
+    if len(m.tool_calls) > MAX_TOOL_CALLS:
+        raise InvalidArgument(f"{field}.tool_calls holds {len(m.tool_calls)} calls; the limit is {MAX_TOOL_CALLS}")
+    seen: set[str] = set()
+    for j, c in enumerate(m.tool_calls):
+        at = f"{field}.tool_calls[{j}]"
+        check_id(c.id, f"{at}.id")
+        if c.id in seen:
+            raise InvalidArgument(f"{at}.id {c.id!r} repeats an earlier call's id")
+        seen.add(c.id)
+        check_text(c.name, f"{at}.name", 256, required=True)
+        check_text(c.arguments_json, f"{at}.arguments_json", limits.MAX_MESSAGE_TEXT)
+        if c.arguments_json and not isinstance(_json_or_none(c.arguments_json), dict):
+            raise InvalidArgument(f"{at}.arguments_json must be a JSON object's text (or empty)")
+
+
+def mask_arguments(arguments_json: str) -> tuple[str, list[Masked]]:
+    """A tool call's arguments with their secrets masked. The detector reads JSON's quoted values, so the
+    text is masked whole; should a placeholder ever break the JSON, the masked text is kept as one string
+    (a secret is never stored to keep the structure)."""
+    text, found = mask(arguments_json)
+    if found and not isinstance(_json_or_none(text), dict):
+        text = json.dumps({"masked_arguments": text}, ensure_ascii=False)
+    return text, found
+
+
+def _json_or_none(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None

@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,6 +44,9 @@ MESSAGE_LINE_EXTRA = 1  # the newline that separates a message line from the nex
 
 log = logging.getLogger("sidecar.store")
 
+if TYPE_CHECKING:
+    from sidecar.tokens import TokenCounter
+
 
 @dataclass(frozen=True, slots=True)
 class MessageTail:
@@ -64,15 +67,29 @@ class MessageTail:
     item_bodies: list[bytes] = field(default_factory=list)
     exact_keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     simhashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    # Per other tokenizer a call asked for: its line_tokens and item_bodies, made on that first call and
+    # extended on append (an encoding no call of the session asked for costs nothing).
+    recounted: dict[TokenCounter, tuple[np.ndarray, list[bytes]]] = field(default_factory=dict)
+
+    def counted(self, counter: TokenCounter) -> tuple[np.ndarray, list[bytes]]:
+        """line_tokens and item_bodies in `counter`'s tokens (cl100k's: the stored ones)."""
+        if counter.stored:
+            return self.line_tokens, self.item_bodies
+        held = self.recounted.get(counter)
+        if held is None:  # one assignment: a reader on another thread sees it whole or not at all
+            held = self.recounted[counter] = _recount(counter, self.messages, self.lines, self.sources)
+        return held
 
     def extended(self, new: Sequence[Message]) -> MessageTail:
         lines = [m.rendered for m in new]
         exact, sim = fastpath.text_keys(lines)
         sources = [f"message:{m.message_id}" for m in new]
-        bodies = [fastpath.encode_item(src, Category.RECENT_MESSAGES, m.line_tokens + MESSAGE_LINE_EXTRA, line,
-                                       m.role, m.timestamp_ms, (m.message_id,))
-                  for src, m, line in zip(sources, new, lines, strict=True)]
+        bodies = _bodies(new, lines, sources, [m.line_tokens for m in new])
         cut = max(len(self.messages) + len(new) - MAX_CACHED_MESSAGES, 0)
+        recounted = {}
+        for counter, (tokens, held) in list(self.recounted.items()):  # a copy: a reader may add one meanwhile
+            more_tokens, more = _recount(counter, new, lines, sources)
+            recounted[counter] = (np.concatenate([tokens[cut:], more_tokens]), [*held[cut:], *more])
         return MessageTail(
             messages=[*self.messages[cut:], *new], lines=[*self.lines[cut:], *lines],
             sources=[*self.sources[cut:], *sources],
@@ -81,7 +98,22 @@ class MessageTail:
             created=np.concatenate([self.created[cut:], np.fromiter((m.created_at_ms for m in new), np.int64)]),
             item_bodies=[*self.item_bodies[cut:], *bodies],
             exact_keys=np.concatenate([self.exact_keys[cut:], exact]),
-            simhashes=np.concatenate([self.simhashes[cut:], sim]))
+            simhashes=np.concatenate([self.simhashes[cut:], sim]), recounted=recounted)
+
+
+def _bodies(messages: Sequence[Message], lines: Sequence[str], sources: Sequence[str],
+            line_tokens: Sequence[int]) -> list[bytes]:
+    """The messages' ContextItem bytes, each charged its line's tokens and the newline after it."""
+    return [fastpath.encode_item(src, Category.RECENT_MESSAGES, n + MESSAGE_LINE_EXTRA, line, m.role,
+                                 m.timestamp_ms, (m.message_id,))
+            for m, line, src, n in zip(messages, lines, sources, line_tokens, strict=True)]
+
+
+def _recount(counter: TokenCounter, messages: Sequence[Message], lines: Sequence[str],
+             sources: Sequence[str]) -> tuple[np.ndarray, list[bytes]]:
+    """Line tokens (as Message.line_tokens counts them) and item bytes of messages in another tokenizer."""
+    tokens = counter.count_many(list(lines))
+    return np.array(tokens, np.int32), _bodies(messages, lines, sources, tokens)
 
 
 @dataclass(slots=True)
@@ -100,6 +132,8 @@ class SessionView:
     pinned: list[PinnedConstraint] = field(default_factory=list)
     summary: SessionSummary | None = None
     tool_results: list[ToolResult] = field(default_factory=list)  # newest last, at most MAX_CACHED_TOOL_RESULTS
+    # The history's items made of them (sidecar.assembly.message_source), kept with the view.
+    history_items: dict = field(default_factory=dict)
     notes: dict[str, list[RunNote]] = field(default_factory=dict)  # run id -> notes, oldest first
     subsession_results: list[SubSessionResult] = field(default_factory=list)
 

@@ -206,6 +206,14 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             reason text NOT NULL, at_ms bigint NOT NULL, PRIMARY KEY (tenant_id, user_id, message_id));
         """ + "".join(rls_ddl(t) for t in _V5_TABLES),
     ),
+    (
+        6,
+        "assistant messages' tool calls",
+        # A JSON list of {id, name, arguments_json}; '' for a message without tool calls (and every older row).
+        """
+        ALTER TABLE messages ADD COLUMN tool_calls text NOT NULL DEFAULT '';
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

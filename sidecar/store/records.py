@@ -28,6 +28,7 @@ from sidecar.domain import (
     Scope,
     Session,
     SessionStatus,
+    ToolCall,
     ToolResult,
     ToolStatus,
 )
@@ -36,7 +37,7 @@ from sidecar.ids import new_id
 SESSION_COLS = ("tenant_id, user_id, session_id, title, status, created_at_ms, updated_at_ms, closed_at_ms, "
                  "parent_session_id, task, metadata")
 MESSAGE_COLS = ("tenant_id, user_id, session_id, seq, message_id, role, text, tool_name, tool_call_id, "
-                 "timestamp_ms, created_at_ms, tokens, line_tokens, idempotency_key, speaker")
+                 "timestamp_ms, created_at_ms, tokens, line_tokens, idempotency_key, speaker, tool_calls")
 FACT_COLS = "key, value, provenance, source, updated_at_ms, status, version, tokens"
 RUN_COLS = "run_id, session_id, status, goal, reason, created_at_ms, updated_at_ms"
 MEMORY_COLS = ("memory_id, type, content, subject, source_message_ids, confidence, authority, created_at_ms, "
@@ -71,8 +72,22 @@ def message_from(r: tuple) -> Message:
     return Message(
         session_id=r[2], seq=r[3], message_id=r[4], role=Role(r[5]), text=r[6], tool_name=r[7],
         tool_call_id=r[8], timestamp_ms=r[9], created_at_ms=r[10], tokens=r[11], line_tokens=r[12],
-        idempotency_key=r[13], speaker=r[14],
+        idempotency_key=r[13], speaker=r[14], tool_calls=tool_calls_from(r[15]),
     )
+
+
+def tool_calls_text(calls: Sequence[ToolCall]) -> str:
+    """The tool_calls column: a JSON list of {id, name, arguments_json}, "" for none (most messages)."""
+    if not calls:
+        return ""
+    return json.dumps([{"id": c.id, "name": c.name, "arguments_json": c.arguments_json} for c in calls],
+                      ensure_ascii=False)
+
+
+def tool_calls_from(text: str | None) -> tuple[ToolCall, ...]:
+    if not text:
+        return ()
+    return tuple(ToolCall(c["id"], c["name"], c["arguments_json"]) for c in json.loads(text))
 
 
 def fact_from(r: Sequence[Any]) -> Fact:
@@ -148,7 +163,7 @@ def plan_append(scope: Scope, session_id: str, messages: Sequence[NewMessage],
             message_id=new_id("msg"), session_id=session_id, seq=next_seq, role=m.role, text=m.text,
             tool_name=m.tool_name, tool_call_id=m.tool_call_id, timestamp_ms=m.client_timestamp_ms or now_ms,
             created_at_ms=now_ms, tokens=tokens, line_tokens=line_tokens,
-            idempotency_key=m.idempotency_key, speaker=m.speaker,
+            idempotency_key=m.idempotency_key, speaker=m.speaker, tool_calls=tuple(m.tool_calls),
         )
         if m.idempotency_key:
             existing[m.idempotency_key] = msg
@@ -157,7 +172,8 @@ def plan_append(scope: Scope, session_id: str, messages: Sequence[NewMessage],
         out.append(msg)
         rows.append((scope.tenant_id, scope.user_id, session_id, msg.seq, msg.message_id, int(msg.role),
                      msg.text, msg.tool_name, msg.tool_call_id, msg.timestamp_ms, msg.created_at_ms,
-                     msg.tokens, msg.line_tokens, msg.idempotency_key, msg.speaker))
+                     msg.tokens, msg.line_tokens, msg.idempotency_key, msg.speaker,
+                     tool_calls_text(msg.tool_calls)))
     # Pinned constraints are written with their message: a committed prohibition is never lost.
     pinned_rows = [(scope.tenant_id, scope.user_id, session_id, stored_at[i], k, text, n, now_ms)
                    for k, (i, text, n) in enumerate(pinned) if i in stored_at]

@@ -139,6 +139,14 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             reason VARCHAR NOT NULL, at_ms BIGINT NOT NULL, PRIMARY KEY (tenant_id, user_id, message_id));
         """,
     ),
+    (
+        6,
+        "assistant messages' tool calls",
+        # A JSON list of {id, name, arguments_json}; '' for a message without tool calls (and every older row).
+        """
+        ALTER TABLE messages ADD COLUMN tool_calls VARCHAR DEFAULT '';
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -1,0 +1,79 @@
+"""The session's recall, kept (cache-aware layout). What a session's first call recalls (past turns,
+memories, knowledge) is kept as one block before the history, and each later call shows the same
+block, so a provider serves it from its cache; what a call recalls beyond it goes after the history.
+The block is made again when its epoch changes: the summary folds (the history's start moves, so
+the prefix after the state changes anyway), the user's memories or recall index change (a write, an
+edit, a deletion: nothing stale or deleted is ever shown), the tenant's knowledge changes, or the
+call's roles, budgets or layout differ. Kept in memory per session, bounded."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sidecar.assembly.candidates import CandidateBatch, Section
+
+MAX_SESSIONS = 4096
+RECALLED = (Section.MEMORIES, Section.KNOWLEDGE)  # the sections a block is made of
+
+
+@dataclass(frozen=True, slots=True)
+class RecallBlock:
+    epoch: tuple
+    bodies: list[bytes]
+    scores: list[float]
+    items: list  # Item objects, made once when the block is made
+    tokens: int
+    sources: frozenset[str]
+    by_section: dict[Section, int]  # tokens it took from each recalled section's budget
+
+
+class SessionRecall:
+    def __init__(self, max_sessions: int = MAX_SESSIONS) -> None:
+        self.max_sessions = max_sessions
+        self._blocks: OrderedDict[tuple[str, str, str], RecallBlock] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str, str], epoch: tuple) -> RecallBlock | None:
+        with self._lock:
+            block = self._blocks.get(key)
+            if block is None or block.epoch != epoch:
+                return None
+            self._blocks.move_to_end(key)
+            return block
+
+    def keep(self, key: tuple[str, str, str], epoch: tuple, sections: Sequence) -> RecallBlock:
+        """The block of this call's recalled sections (packed, in render order)."""
+        picked = [p for p in sections if p.kind in RECALLED and p.bodies]
+        items = [it for p in picked for it in p.items]
+        block = RecallBlock(epoch, [b for p in picked for b in p.bodies], [s for p in picked for s in p.scores], items,
+                            sum(p.tokens for p in picked), frozenset(it.source for it in items),
+                            {p.kind: p.tokens for p in picked})
+        with self._lock:
+            self._blocks[key] = block
+            self._blocks.move_to_end(key)
+            while len(self._blocks) > self.max_sessions:
+                self._blocks.popitem(last=False)
+        return block
+
+
+    def drop_user(self, tenant_id: str, user_id: str) -> int:
+        """Forget the user's kept blocks (a deletion: they may quote what was deleted)."""
+        with self._lock:
+            gone = [k for k in self._blocks if k[0] == tenant_id and k[1] == user_id]
+            for k in gone:
+                del self._blocks[k]
+        return len(gone)
+
+
+def leave_out(batches: Sequence[CandidateBatch], block: RecallBlock) -> None:
+    """This call's candidates that the block already shows are not chosen again."""
+    for b in batches:
+        if b.section in RECALLED and len(b):
+            shown = {j for j, source in enumerate(b.sources) if source in block.sources}
+            if shown:
+                b.exclude(shown)
+
+
