@@ -18,6 +18,7 @@ import grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from sidecar.api import context_service_pb2 as pb  # noqa: E402
 from sidecar.api import context_service_pb2_grpc as pb_grpc  # noqa: E402
 
 
@@ -175,6 +176,10 @@ def served_build_latency(db: str, request, n: int, configs: dict[str, list[str]]
         for copy in copies:
             shutil.rmtree(copy, ignore_errors=True)
     return out
+
+
+# Sections recalled items reach a prompt in: this call's, and the session's kept recall (cache-aware layout).
+RECALLED_KINDS = (pb.SECTION_KIND_MEMORIES, pb.SECTION_KIND_KNOWLEDGE, pb.SECTION_KIND_SESSION_RECALL)
 
 
 def emit(figures: dict) -> None:
