@@ -1,6 +1,15 @@
 """BuildContext bench (issue #4): fastpath vs its reference, in-process and gRPC latency,
-throughput with 8 client threads, a naive count-everything-then-trim baseline, greedy vs optimum,
-and the transport floor: a bare gRPC server answering with the same response bytes and no work.
+throughput with 8 concurrent callers, a naive count-everything-then-trim baseline, greedy vs
+optimum, and the transport floor: a bare gRPC server answering with the same response bytes and no
+work.
+
+Throughput comes from the compiled Go load generator (clients/go/cmd/loadgen, built here once by
+clients/go/build.sh) when the Go toolchain is installed (clients/install-toolchains.sh go): on a
+machine with 2+ cores the server (the sidecar, then the floor) runs on one core (`--cpus`, as
+`serve --cpus`) and the load generator on another (`taskset -c`), so the client's CPU does not eat
+the server's; it receives each answer's bytes without parsing them, so its own cost per call stays
+small. Without Go, 8 Python client threads measure it as before, unpinned. The JSON says which:
+"load_generator": "go" | "python" (--python-load forces Python).
 
 python bench/assembly.py [--quick]
 """
@@ -9,7 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import random
+import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -17,7 +30,7 @@ from pathlib import Path
 import fastpath_bench
 import grpc
 import scenario
-from harness import ServerProcess, emit, percentiles, throughput_cpu, time_calls
+from harness import ROOT, ServerProcess, emit, one_core, percentiles, throughput_cpu, time_calls
 
 import fastpath
 from sidecar import convert, tokens
@@ -113,20 +126,83 @@ def serve_floor(listen: str, payload_path: str) -> None:
     asyncio.run(run())
 
 
-def grpc_figures(command: list[str], greq_of, n: int, seconds: float) -> tuple[dict, dict, bytes]:
-    """Latency of one client, and throughput of 8 client threads with the CPU per call of either
-    side, against a server subprocess."""
+CALLERS = 8
+GO_BUILD = ROOT / "clients" / "go" / "build.sh"
+GO_LOADGEN = ROOT / "clients" / "go" / "build" / "bin" / "sidecar-loadgen"
+
+
+def go_loadgen() -> Path | None:
+    """The compiled load generator, built once (build.sh returns at once when nothing changed); None,
+    with the reason on stderr, when the Go toolchain is missing or the build fails."""
+    try:
+        proc = subprocess.run(["bash", str(GO_BUILD)], capture_output=True, text=True, timeout=1200)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"load generator: python (building the Go one failed: {e})", file=sys.stderr)
+        return None
+    if proc.returncode == 3:  # build.sh's "a tool or package is missing"
+        print(f"load generator: python ({proc.stderr.strip()})", file=sys.stderr)
+        return None
+    if proc.returncode != 0 or not os.access(GO_LOADGEN, os.X_OK):
+        print(f"load generator: python (clients/go/build.sh failed, rc {proc.returncode}):\n{proc.stdout}\n"
+              f"{proc.stderr}", file=sys.stderr)
+        return None
+    return GO_LOADGEN
+
+
+def cpu_plan() -> tuple[str | None, str | None]:
+    """(the server's CPU, the load generator's CPU) on a machine with 2+ cores, else (None, None)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return None, None
+    server = one_core()  # the last CPU, as the other benches' pinned sidecar
+    return server, str(next(c for c in allowed if str(c) != server))
+
+
+def go_throughput(loadgen: Path, server: ServerProcess, greq, seconds: float, client_cpu: str | None) -> dict:
+    """CALLERS concurrent callers of the Go load generator for `seconds` (after 1 s of warm-up), and
+    the CPU per call of either side in that window."""
+    request = Path(tempfile.mkdtemp(prefix="sidecar-loadgen-")) / "request.bin"
+    request.write_bytes(greq.SerializeToString())
+    cmd = [str(loadgen), "-addr", server.address, "-method", "BuildContext", "-request", str(request),
+           "-c", str(CALLERS), "-duration", f"{seconds}s", "-warmup", "1s", "-server-pid", str(server.proc.pid),
+           "-decode=false"]  # the answer's bytes are received, not parsed: the client stays out of the figure
+    pin = None
+    if client_cpu is not None:
+        if shutil.which("taskset"):
+            cmd = ["taskset", "-c", client_cpu, *cmd]
+        else:
+            pin = lambda: os.sched_setaffinity(0, {int(client_cpu)})  # noqa: E731
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, preexec_fn=pin)
+    shutil.rmtree(request.parent, ignore_errors=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the Go load generator failed (rc {proc.returncode}): {proc.stderr.strip()}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if out["errors"]:
+        print(f"load generator: {out['errors']} of {out['calls']} calls failed: {out['error_codes']} "
+              f"(first: {out.get('first_error')})", file=sys.stderr)
+    client_ms, server_ms = out["client_cpu_ms_per_call"], out["server_cpu_ms_per_call"]
+    return {"rps": out["throughput_rps"], "client_cpu_ms": client_ms, "server_cpu_ms": server_ms,
+            "cpu_bound_rps": round((os.cpu_count() or 1) * 1000 / max(client_ms + server_ms, 1e-6), 1),
+            "p50_ms": out["p50_ms"], "p99_ms": out["p99_ms"], "errors": out["errors"]}
+
+
+def grpc_figures(command: list[str], greq_of, n: int, seconds: float, loadgen: Path | None = None,
+                 client_cpu: str | None = None) -> tuple[dict, dict, bytes]:
+    """Latency of one client, and throughput of CALLERS concurrent callers (the Go load generator,
+    or Python threads without it) with the CPU per call of either side, against a server subprocess."""
     server = ServerProcess(command=command)
     try:
         greq = greq_of(server.stub)
         stats = percentiles(time_calls(lambda: server.stub.BuildContext(greq), n))
+        if loadgen is not None:
+            load = go_throughput(loadgen, server, greq, seconds, client_cpu)
+        else:
+            def client(i: int):
+                stub = server.new_stub()
+                return lambda: stub.BuildContext(greq)
 
-        def client(i: int):
-            stub = server.new_stub()
-            return lambda: stub.BuildContext(greq)
-
-        return (stats, throughput_cpu(client, 8, seconds, server.proc.pid),
-                server.stub.BuildContext(greq).SerializeToString())
+            load = throughput_cpu(client, CALLERS, seconds, server.proc.pid)
+        return stats, load, server.stub.BuildContext(greq).SerializeToString()
     finally:
         server.stop()
 
@@ -140,7 +216,14 @@ def main() -> None:
     parser.add_argument("--log-level")
     parser.add_argument("--metrics-port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--floor", help=argparse.SUPPRESS)
+    parser.add_argument("--cpus", help=argparse.SUPPRESS)  # the server's CPUs, as `serve --cpus`
+    parser.add_argument("--python-load", action="store_true",
+                        help="measure throughput with Python client threads even when Go is installed")
     args, _ = parser.parse_known_args()
+    if (args.floor or args.serve) and args.cpus:
+        from sidecar.cli import cpu_list, pin_to
+
+        pin_to(cpu_list(args.cpus))
     if args.floor:
         return serve_floor(args.listen, args.floor)
     if args.serve:  # the server side of the gRPC measurement, with the synthetic source plugged in
@@ -151,6 +234,7 @@ def main() -> None:
 
     n = 400 if args.quick else 3000
     seconds = 3.0 if args.quick else 10.0
+    loadgen = None if args.python_load else go_loadgen()  # built before anything is measured
 
     # -- fastpath vs reference on the scenario's candidates
     app = make_app(tempfile.mkdtemp(prefix="sidecar-asm-") + "/a.duckdb")
@@ -185,13 +269,17 @@ def main() -> None:
                                             30 if args.quick else 200, warmup=3))
     app.close()
 
-    # -- over gRPC against a sidecar subprocess, then the transport floor with its response bytes
-    grpc_stats, load, answer = grpc_figures([sys.executable, __file__, "--serve"],
-                                           lambda stub: grpc_request(populate_grpc(stub)), n, seconds)
+    # -- over gRPC against a sidecar subprocess, then the transport floor with its response bytes.
+    # Throughput: the Go load generator on its own core, the server pinned to another, when Go is there.
+    server_cpu, client_cpu = cpu_plan() if loadgen is not None else (None, None)
+    pin = ["--cpus", server_cpu] if server_cpu is not None else []
+    grpc_stats, load, answer = grpc_figures([sys.executable, __file__, "--serve", *pin],
+                                           lambda stub: grpc_request(populate_grpc(stub)), n, seconds,
+                                           loadgen, client_cpu)
     payload = Path(tempfile.mkdtemp(prefix="sidecar-floor-")) / "response.bin"
     payload.write_bytes(answer)
-    floor_stats, floor_load, _ = grpc_figures([sys.executable, __file__, "--floor", str(payload)],
-                                             lambda stub: grpc_request("floor"), n, seconds)
+    floor_stats, floor_load, _ = grpc_figures([sys.executable, __file__, "--floor", str(payload), *pin],
+                                             lambda stub: grpc_request("floor"), n, seconds, loadgen, client_cpu)
 
     quality = round(fastpath_bench.greedy_vs_optimum(fastpath, random.Random(3), 60 if args.quick else 200), 4)
     figures = {
@@ -203,6 +291,12 @@ def main() -> None:
         "inproc_p50_ms": inproc_stats["p50_ms"], "inproc_p99_ms": inproc_stats["p99_ms"],
         "grpc_p50_ms": grpc_stats["p50_ms"], "grpc_p99_ms": grpc_stats["p99_ms"],
         "throughput_rps": load["rps"], "response_bytes": len(answer),
+        "load_generator": "go" if loadgen is not None else "python", "load_callers": CALLERS,
+        "server_cpus": server_cpu, "load_generator_cpus": client_cpu,
+        "throughput_vs_floor": round(load["rps"] / floor_load["rps"], 3) if floor_load["rps"] else None,
+        # Latency under the load, as the Go load generator saw it (None with Python threads).
+        "load_p50_ms": load.get("p50_ms"), "load_p99_ms": load.get("p99_ms"),
+        "floor_load_p50_ms": floor_load.get("p50_ms"), "floor_load_p99_ms": floor_load.get("p99_ms"),
         # CPU per call under the 8-thread load, and the calls/s all cores could serve at that cost.
         "client_cpu_ms_per_call": load["client_cpu_ms"], "server_cpu_ms_per_call": load["server_cpu_ms"],
         "cpu_bound_rps": load["cpu_bound_rps"],
@@ -214,10 +308,13 @@ def main() -> None:
     }
     print(f"{candidates} candidates; fastpath {compiled_t} ms vs reference {reference_t} ms; in-process p50 "
           f"{figures['inproc_p50_ms']} ms; gRPC p50 {figures['grpc_p50_ms']} ms p99 {figures['grpc_p99_ms']} ms; "
-          f"{load['rps']} calls/s with 8 threads (CPU per call: client {load['client_cpu_ms']} ms, server "
+          f"{load['rps']} calls/s with {CALLERS} {figures['load_generator']} callers"
+          f"{f' (server on CPU {server_cpu}, load generator on CPU {client_cpu})' if server_cpu else ''}"
+          f" (CPU per call: client {load['client_cpu_ms']} ms, server "
           f"{load['server_cpu_ms']} ms); transport floor (same {len(answer)} response bytes, no work) p50 "
           f"{floor_stats['p50_ms']} ms, {floor_load['rps']} calls/s (CPU per call: client "
-          f"{floor_load['client_cpu_ms']} ms, server {floor_load['server_cpu_ms']} ms); naive baseline p50 "
+          f"{floor_load['client_cpu_ms']} ms, server {floor_load['server_cpu_ms']} ms); sidecar/floor throughput "
+          f"{figures['throughput_vs_floor']}; naive baseline p50 "
           f"{figures['baseline_p50_ms']} ms")
     emit(figures)
 

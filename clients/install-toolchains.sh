@@ -13,9 +13,10 @@ set -euo pipefail
 # ("protobuf tag not enough fields").
 GO_PKGS=(golang-go golang-google-grpc-dev golang-github-golang-protobuf-1-5-dev
          golang-google-protobuf-dev protoc-gen-go protoc-gen-go-grpc protobuf-compiler)
-# grpc-java 1.41, protobuf-java 3.21. The JDK is added only when no javac is on PATH.
+# grpc-java 1.41, protobuf-java 3.21; junit4 (4.13, with hamcrest) for the library's tests
+# (clients/java/test.sh). The JDK is added only when no javac is on PATH.
 JAVA_PKGS=(libgrpc-java protobuf-compiler-grpc-java-plugin libprotobuf-java libnetty-java
-           libperfmark-java libguava-java libgeronimo-annotation-1.3-spec-java protobuf-compiler)
+           libperfmark-java libguava-java libgeronimo-annotation-1.3-spec-java protobuf-compiler junit4)
 
 want=()
 case "${1:-all}" in

@@ -1,10 +1,14 @@
-"""The Go and Java client examples (clients/) against a real sidecar subprocess.
+"""The Go and Java clients (clients/) against a real sidecar subprocess.
 
 Each client is built once per test session by its own build.sh, which skips the work when the
 proto, the sources, the scripts and the tool versions are unchanged since its last build (a
 content-hash stamp in clients/<lang>/build/.stamp), so reruns only pay for running the clients.
-The client then does one whole turn (CreateSession ... CommitTurn) and times BuildContext; every
-RPC error makes it exit 1, which fails the test.
+The example client then does one whole turn (CreateSession ... CommitTurn) and times BuildContext;
+every RPC error makes it exit 1, which fails the test.
+
+For Go there is more: `go test ./...` of the library (package contextsidecar) runs against the
+sidecar (SIDECAR_ADDR) and a second one started with --auth-token (SIDECAR_AUTH_ADDR), and the
+load generator (cmd/loadgen) is aimed at the sidecar and at bench/assembly.py's floor server.
 
 Without the toolchains (Debian packages: see clients/install-toolchains.sh) the tests are skipped,
 loudly; with SIDECAR_REQUIRE_CLIENTS=1 (CI after install-toolchains.sh) a missing toolchain fails
@@ -112,14 +116,21 @@ def _build(lang: str, config: pytest.Config) -> float:
 
 
 @pytest.fixture(scope="session")
-def go_binary(pytestconfig) -> Path:
+def go_build(pytestconfig) -> Path:
+    """clients/go/build/bin, with sidecar-example and sidecar-loadgen built."""
     missing = _missing_go()
     if missing:
         _skip_loudly("Go", missing, pytestconfig)
     _build("go", pytestconfig)
-    binary = CLIENTS / "go" / "build" / "bin" / "sidecar-example"
-    assert binary.is_file() and os.access(binary, os.X_OK), f"{binary} was not built"
-    return binary
+    bin_dir = CLIENTS / "go" / "build" / "bin"
+    for name in ("sidecar-example", "sidecar-loadgen"):
+        assert os.access(bin_dir / name, os.X_OK), f"{bin_dir / name} was not built"
+    return bin_dir
+
+
+@pytest.fixture(scope="session")
+def go_binary(go_build) -> Path:
+    return go_build / "sidecar-example"
 
 
 @pytest.fixture(scope="session")
@@ -143,7 +154,7 @@ def _free_port() -> int:
 class _Sidecar:
     """`python -m sidecar serve` with its output in a file (no pipe to fill up)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, extra: tuple[str, ...] = ()) -> None:
         self.log_path = workdir / "sidecar.log"
         last_error = ""
         for _attempt in range(3):  # a free port can be taken between the probe and the bind
@@ -151,7 +162,7 @@ class _Sidecar:
             with open(self.log_path, "w") as log:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", "sidecar", "serve", "--db", str(workdir / "c.duckdb"),
-                     "--listen", self.address],
+                     "--listen", self.address, *extra],
                     cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     env={**os.environ, "SIDECAR_AUTH_TOKEN": ""},
                 )
@@ -268,3 +279,112 @@ def test_java_client_rpc_error_exits_1(java_runner, sidecar):
     assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
     assert "CreateSession failed" in proc.stderr and "INVALID_ARGUMENT" in proc.stderr, proc.stderr
     assert proc.stdout == ""
+
+
+# ---- the Go library and the load generator -------------------------------------------------------
+
+AUTH_TOKEN = "go-library-test-token"
+# The Go tests that must run and pass against the live sidecars (go test -v prints "--- PASS: <name>").
+GO_LIVE_TESTS = ("TestLiveTurn", "TestLiveMemory", "TestLiveKnowledge", "TestLiveRuns", "TestLiveErrorStatus",
+                 "TestLiveRetriedWriteIsNotDuplicated", "TestLiveUnavailableIsRetried", "TestLiveDialWaitsForHealth",
+                 "TestLiveAuthToken")
+GO_UNIT_TESTS = ("TestEveryMethodIsAReadOrAKeyedWrite", "TestKeyedWriteRetriedWithOneKeyAndCallerRequestUnchanged",
+                 "TestOnlyUnavailableIsRetried", "TestRetriesStopAtTheDeadline", "TestDeadlines", "TestTokenHeader",
+                 "TestBackoff")
+
+
+@pytest.fixture(scope="module")
+def auth_sidecar(tmp_path_factory) -> Iterator[_Sidecar]:
+    running = _Sidecar(tmp_path_factory.mktemp("clients-auth"), ("--auth-token", AUTH_TOKEN))
+    yield running
+    running.stop()
+
+
+def test_go_library_against_live_sidecar(go_build, sidecar, auth_sidecar):
+    """`go test ./...` of clients/go (the library, the example, the load generator) with the live
+    tests on: a turn, memory, knowledge, runs, error statuses, a retried write stored once, retries
+    while the sidecar is unreachable, Dial's health wait and the bearer token."""
+    env = {**os.environ, "SIDECAR_ADDR": sidecar.address, "SIDECAR_AUTH_ADDR": auth_sidecar.address,
+           "SIDECAR_AUTH_TEST_TOKEN": AUTH_TOKEN, "SIDECAR_AUTH_TOKEN": ""}
+    with open(CLIENTS / "go" / "build" / ".lock", "w") as lock:  # build.sh test rebuilds if a source changed
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            proc = subprocess.run(["bash", str(CLIENTS / "go" / "build.sh"), "test", "-count=1", "-v"], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, env=env)
+        except subprocess.TimeoutExpired as e:
+            pytest.fail(f"go test ran over {BUILD_TIMEOUT_S} s:\n{e.stdout}\n{e.stderr}")
+    out = proc.stdout + proc.stderr
+    print(out)
+    assert proc.returncode == 0, (f"go test failed (rc {proc.returncode}):\n{out[-8000:]}\n"
+                                  f"--- sidecar log ---\n{sidecar.log_text()[-4000:]}")
+    not_passed = [t for t in GO_LIVE_TESTS + GO_UNIT_TESTS if f"--- PASS: {t} " not in out]
+    assert not not_passed, f"these Go tests did not run and pass: {not_passed}\n{out[-8000:]}"
+    assert "--- SKIP" not in out, f"a Go test skipped although both sidecars run:\n{out[-8000:]}"
+
+
+def _loadgen(bin_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(bin_dir / "sidecar-loadgen"), *args], capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S, env={**os.environ, "SIDECAR_AUTH_TOKEN": ""})
+
+
+def _loadgen_json(bin_dir: Path, *args: str) -> dict:
+    proc = _loadgen(bin_dir, *args)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(out)
+    assert out["load_generator"] == "go" and out["method"] == "/context_sidecar.v1.ContextService/BuildContext", out
+    assert out["calls"] > 0 and out["errors"] == 0 and out["error_codes"] == {}, out
+    assert out["throughput_rps"] > 0 and 0 < out["p50_ms"] <= out["p99_ms"], out
+    return out
+
+
+def test_go_loadgen_sidecar_and_floor(go_build, sidecar, py_stub, tmp_path):
+    """The load generator against the sidecar (a protojson request) and against bench/assembly.py's
+    floor server (the same request in binary, answered with fixed bytes)."""
+    from google.protobuf import json_format
+
+    scope = pb.Scope(tenant_id=f"clients-loadgen-{os.getpid()}", user_id="alice")
+    sid = py_stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    py_stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id=sid, messages=[
+        pb.NewMessage(role=pb.ROLE_USER, text="payment-api 5xx in production?")]))
+    req = pb.BuildContextRequest(scope=scope, session_id=sid, query="payment-api 5xx", system_rules="Be brief.",
+                                 render=pb.RENDER_MODE_CHAT)
+    (tmp_path / "req.json").write_text(json_format.MessageToJson(req))
+    (tmp_path / "req.bin").write_bytes(req.SerializeToString())
+    answer = py_stub.BuildContext(req).SerializeToString()
+    (tmp_path / "answer.bin").write_bytes(answer)
+
+    common = ("-c", "4", "-duration", "1s", "-warmup", "300ms")
+    served = _loadgen_json(go_build, "-addr", sidecar.address, "-request", str(tmp_path / "req.json"),
+                           "-server-pid", str(sidecar.proc.pid), "-health", *common)
+    assert served["decoded"] is True and served["server_cpu_ms_per_call"] > 0, served
+    assert served["concurrency"] == 4 and served["request_bytes"] == len(req.SerializeToString()), served
+
+    floor_log = tmp_path / "floor.log"
+    address = f"127.0.0.1:{_free_port()}"
+    with open(floor_log, "w") as log:
+        floor = subprocess.Popen([sys.executable, str(ROOT / "bench" / "assembly.py"), "--floor",
+                                  str(tmp_path / "answer.bin"), "--listen", address],
+                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while "serving on" not in floor_log.read_text() and floor.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert floor.poll() is None, floor_log.read_text()
+        floored = _loadgen_json(go_build, "-addr", address, "-method", "BuildContext",
+                                "-request", str(tmp_path / "req.bin"), *common)
+        assert floored["response_bytes"] == len(answer), (floored, len(answer))
+        # No health service on the floor: -health says so instead of hanging.
+        proc = _loadgen(go_build, "-addr", address, "-request", str(tmp_path / "req.bin"), "-health", *common)
+        assert proc.returncode == 2 and "no grpc.health.v1 service" in proc.stderr, proc.stderr
+    finally:
+        floor.terminate()
+        floor.wait(timeout=15)
+
+    # A mistake stops at the probe call, with the status on stderr and exit 2.
+    proc = _loadgen(go_build, "-addr", sidecar.address, "-method", "NoSuchMethod", "-request", str(tmp_path / "req.bin"))
+    assert proc.returncode == 2 and "has no such method" in proc.stderr, proc.stderr
+    bad = pb.BuildContextRequest(scope=pb.Scope(tenant_id="bad tenant!", user_id="u"), session_id=sid)
+    (tmp_path / "bad.bin").write_bytes(bad.SerializeToString())
+    proc = _loadgen(go_build, "-addr", sidecar.address, "-request", str(tmp_path / "bad.bin"), *common)
+    assert proc.returncode == 2 and "InvalidArgument" in proc.stderr, proc.stderr

@@ -7,8 +7,9 @@
 // and then times BuildContext over -n calls after -warmup untimed ones (p50/p95 in the JSON).
 // Any RPC error is printed on stderr and the command exits 1.
 //
-// Built in GOPATH mode against Debian's grpc-go 1.33 (see clients/go/build.sh): that version has
-// no grpc.NewClient, so the channel is made with grpc.DialContext + WithInsecure + WithBlock.
+// It is written on the library (package contextsidecar, clients/go): Dial waits for the sidecar's
+// health, every call has a deadline (-timeout) and the token, reads and keyed writes are retried on
+// UNAVAILABLE, and the turn is the library's Turn helper.
 package main
 
 import (
@@ -20,10 +21,9 @@ import (
 	"sort"
 	"time"
 
+	"contextsidecar"
 	pb "contextsidecar/gen/contextsidecarv1"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -83,74 +83,53 @@ func main() {
 	token := flag.String("token", os.Getenv("SIDECAR_AUTH_TOKEN"), "bearer token when the sidecar runs with --auth-token (default $SIDECAR_AUTH_TOKEN)")
 	n := flag.Int("n", 200, "BuildContext calls to time (0: skip the measurement)")
 	warmup := flag.Int("warmup", 50, "untimed BuildContext calls before the timed ones")
-	timeout := flag.Duration("timeout", 10*time.Second, "deadline of each RPC and of the dial")
+	timeout := flag.Duration("timeout", 10*time.Second, "deadline of each RPC and of the wait for a healthy sidecar")
 	flag.Parse()
 
-	dialCtx, cancelDial := context.WithTimeout(context.Background(), *timeout)
-	conn, err := grpc.DialContext(dialCtx, *addr, grpc.WithInsecure(), grpc.WithBlock())
-	cancelDial()
+	ctx := context.Background()
+	client, err := contextsidecar.Dial(ctx, *addr, contextsidecar.WithToken(*token),
+		contextsidecar.WithTimeout(*timeout), contextsidecar.WithDialTimeout(*timeout))
 	if err != nil {
 		fail("dial "+*addr, err)
 	}
-	defer conn.Close()
-	client := pb.NewContextServiceClient(conn)
-
-	base := context.Background()
-	if *token != "" {
-		base = metadata.AppendToOutgoingContext(base, "authorization", "Bearer "+*token)
-	}
-	call := func() (context.Context, context.CancelFunc) { return context.WithTimeout(base, *timeout) }
+	defer client.Close()
 	scope := &pb.Scope{TenantId: *tenant, UserId: *user}
 	out := result{Client: "go"}
 
 	// 1. A session for this task.
-	ctx, cancel := call()
 	sess, err := client.CreateSession(ctx, &pb.CreateSessionRequest{Scope: scope, Title: "payment-api 5xx"})
-	cancel()
 	if err != nil {
 		fail("CreateSession", err)
 	}
 	out.SessionID = sess.GetSessionId()
 
-	// 2. The user's message.
+	// 2. The user's message starts the turn.
 	query := "查一下生产环境 payment-api 的 5xx"
-	ctx, cancel = call()
-	app, err := client.AppendMessages(ctx, &pb.AppendMessagesRequest{
-		Scope: scope, SessionId: out.SessionID,
-		Messages: []*pb.NewMessage{{Role: pb.Role_ROLE_USER, Text: query}},
-	})
-	cancel()
+	turn, err := client.StartTurn(ctx, scope, out.SessionID, query)
 	if err != nil {
 		fail("AppendMessages(user)", err)
 	}
-	if len(app.GetMessages()) > 0 {
-		out.UserMessageID = app.GetMessages()[0].GetMessageId()
-	}
+	out.UserMessageID = turn.UserMessage.GetMessageId()
 
 	// 3. A fact the user confirmed: it is pinned into the hard zone of every later BuildContext.
-	ctx, cancel = call()
 	facts, err := client.UpsertFacts(ctx, &pb.UpsertFactsRequest{
 		Scope: scope, SessionId: out.SessionID,
 		Facts: []*pb.FactInput{{Key: "env", Value: "production", Provenance: pb.Provenance_PROVENANCE_USER_CONFIRMED,
 			Source: "message:" + out.UserMessageID}},
 	})
-	cancel()
 	if err != nil {
 		fail("UpsertFacts", err)
 	}
 	out.Facts = len(facts.GetFacts())
 
-	// 4. The prompt for the model call, as chat messages.
+	// 4. The prompt for the model call, as chat messages (scope, session and query are the turn's).
 	bcReq := &pb.BuildContextRequest{
-		Scope: scope, SessionId: out.SessionID, Query: query,
 		SystemRules: "You are an SRE assistant. Only query production when the user confirmed it. Answer in the user's language.",
 		Tools: []*pb.ToolSchema{{Name: "query_logs", Description: "Search service logs by service, env and time window.",
 			SchemaJson: toolSchema}},
 		Render: pb.RenderMode_RENDER_MODE_CHAT,
 	}
-	ctx, cancel = call()
-	bc, err := client.BuildContext(ctx, bcReq)
-	cancel()
+	bc, err := turn.BuildContext(ctx, bcReq)
 	if err != nil {
 		fail("BuildContext", err)
 	}
@@ -167,12 +146,9 @@ func main() {
 	// runs the tool call the model asks for.
 
 	// 5. The tool's whole output; later prompts show a trimmed view of it.
-	ctx, cancel = call()
-	ref, err := client.RecordToolResult(ctx, &pb.RecordToolResultRequest{
-		Scope: scope, SessionId: out.SessionID, ToolName: "query_logs", CallId: "call-1",
-		FullText: toolOutput, Status: pb.ToolStatus_TOOL_STATUS_OK,
+	ref, err := turn.RecordToolResult(ctx, &pb.RecordToolResultRequest{
+		ToolName: "query_logs", CallId: "call-1", FullText: toolOutput, Status: pb.ToolStatus_TOOL_STATUS_OK,
 	})
-	cancel()
 	if err != nil {
 		fail("RecordToolResult", err)
 	}
@@ -180,24 +156,14 @@ func main() {
 	out.ToolResultTokens = ref.GetTokens()
 
 	// 6. The model's answer.
-	ctx, cancel = call()
-	app, err = client.AppendMessages(ctx, &pb.AppendMessagesRequest{
-		Scope: scope, SessionId: out.SessionID,
-		Messages: []*pb.NewMessage{{Role: pb.Role_ROLE_ASSISTANT,
-			Text: "生产环境 payment-api 最近 15 分钟有 412 个 5xx（503: 380，500: 32），92% 是 payment-db 超时，连接池已满（50/50）。"}},
-	})
-	cancel()
+	answer, err := turn.Answer(ctx, "生产环境 payment-api 最近 15 分钟有 412 个 5xx（503: 380，500: 32），92% 是 payment-db 超时，连接池已满（50/50）。")
 	if err != nil {
 		fail("AppendMessages(assistant)", err)
 	}
-	if len(app.GetMessages()) > 0 {
-		out.AssistantMsgID = app.GetMessages()[0].GetMessageId()
-	}
+	out.AssistantMsgID = answer.GetMessageId()
 
 	// 7. Hand the finished turn to the background jobs (memory extraction, summary).
-	ctx, cancel = call()
-	commit, err := client.CommitTurn(ctx, &pb.CommitTurnRequest{Scope: scope, SessionId: out.SessionID})
-	cancel()
+	commit, err := turn.Commit(ctx)
 	if err != nil {
 		fail("CommitTurn", err)
 	}
@@ -208,21 +174,18 @@ func main() {
 
 	// 8. BuildContext latency, client-side, after a short warm-up.
 	if *n > 0 {
+		full := &pb.BuildContextRequest{Scope: scope, SessionId: out.SessionID, Query: query,
+			SystemRules: bcReq.SystemRules, Tools: bcReq.Tools, Render: bcReq.Render}
 		for i := 0; i < *warmup; i++ {
-			ctx, cancel = call()
-			_, err = client.BuildContext(ctx, bcReq)
-			cancel()
-			if err != nil {
+			if _, err = client.BuildContext(ctx, full); err != nil {
 				fail("BuildContext(warm-up)", err)
 			}
 		}
 		ms := make([]float64, 0, *n)
 		for i := 0; i < *n; i++ {
-			ctx, cancel = call()
 			t0 := time.Now()
-			_, err = client.BuildContext(ctx, bcReq)
+			_, err = client.BuildContext(ctx, full)
 			d := time.Since(t0)
-			cancel()
 			if err != nil {
 				fail("BuildContext(timed)", err)
 			}

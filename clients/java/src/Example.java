@@ -1,18 +1,14 @@
-import dev.contextsidecar.v1.AppendMessagesRequest;
-import dev.contextsidecar.v1.AppendMessagesResponse;
+import dev.contextsidecar.client.SidecarClient;
+import dev.contextsidecar.client.Turn;
 import dev.contextsidecar.v1.BuildContextRequest;
 import dev.contextsidecar.v1.BuildContextResponse;
 import dev.contextsidecar.v1.ChatMessage;
-import dev.contextsidecar.v1.CommitTurnRequest;
 import dev.contextsidecar.v1.CommitTurnResponse;
-import dev.contextsidecar.v1.ContextServiceGrpc;
 import dev.contextsidecar.v1.CreateSessionRequest;
 import dev.contextsidecar.v1.FactInput;
-import dev.contextsidecar.v1.NewMessage;
+import dev.contextsidecar.v1.Message;
 import dev.contextsidecar.v1.Provenance;
-import dev.contextsidecar.v1.RecordToolResultRequest;
 import dev.contextsidecar.v1.RenderMode;
-import dev.contextsidecar.v1.Role;
 import dev.contextsidecar.v1.Scope;
 import dev.contextsidecar.v1.Section;
 import dev.contextsidecar.v1.Session;
@@ -21,32 +17,30 @@ import dev.contextsidecar.v1.ToolSchema;
 import dev.contextsidecar.v1.ToolStatus;
 import dev.contextsidecar.v1.UpsertFactsRequest;
 import dev.contextsidecar.v1.UpsertFactsResponse;
-import io.grpc.ManagedChannel;
-import io.grpc.ManagedChannelBuilder;
-import io.grpc.Metadata;
 import io.grpc.StatusRuntimeException;
-import io.grpc.stub.MetadataUtils;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.concurrent.TimeUnit;
+import java.util.function.Supplier;
 
 /**
- * Runs one full agent turn against a Context Sidecar and prints one JSON line with what it saw:
+ * Runs one full agent turn against a Context Sidecar with the client library
+ * ({@code dev.contextsidecar.client}) and prints one JSON line with what it saw:
  *
  * <pre>
- * CreateSession -> AppendMessages(user) -> UpsertFacts -> BuildContext (RENDER_MODE_CHAT)
- * -> RecordToolResult -> AppendMessages(assistant) -> CommitTurn
+ * connect (health wait) -> CreateSession -> Turn: AppendMessages(user) -> UpsertFacts
+ * -> BuildContext (RENDER_MODE_CHAT) -> RecordToolResult -> AppendMessages(assistant) -> CommitTurn
  * </pre>
  *
  * then times BuildContext over -n calls after -warmup untimed ones (p50/p95 in the JSON). Any RPC
- * error is printed on stderr and the process exits 1.
+ * error is printed on stderr ("&lt;Rpc&gt; failed: &lt;CODE&gt;: &lt;message&gt;") and the process exits 1.
  *
  * <p>Flags: -addr host:port (default 127.0.0.1:50051), -tenant, -user, -n (default 200), -warmup
- * (untimed calls first, default 1000), -token
- * (default $SIDECAR_AUTH_TOKEN), -timeout-ms (default 10000).
+ * (untimed calls first, default 1000), -token (default $SIDECAR_AUTH_TOKEN), -timeout-ms (default
+ * 10000: the deadline of each call, retries included, and of the health wait).
  */
 public final class Example {
   private static final String TOOL_SCHEMA =
@@ -63,6 +57,8 @@ public final class Example {
 
   /** An RPC failed: carries which call, for the stderr line. */
   private static final class CallFailed extends RuntimeException {
+    private static final long serialVersionUID = 1L;
+
     CallFailed(String what, StatusRuntimeException e) {
       super(what + " failed: " + e.getStatus().getCode() + ": " + e.getStatus().getDescription(), e);
     }
@@ -70,7 +66,7 @@ public final class Example {
 
   private Example() {}
 
-  public static void main(String[] args) throws InterruptedException {
+  public static void main(String[] args) {
     Map<String, String> flags = new LinkedHashMap<>();
     flags.put("addr", "127.0.0.1:50051");
     flags.put("tenant", "acme");
@@ -89,19 +85,27 @@ public final class Example {
       System.exit(2);
     }
 
-    ManagedChannel channel = ManagedChannelBuilder.forTarget(flags.get("addr")).usePlaintext().build();
+    Duration timeout = Duration.ofMillis(Long.parseLong(flags.get("timeout-ms")));
     int rc = 0;
+    SidecarClient client = null;
     try {
-      System.out.println(run(channel, flags));
+      // One client per process: the channel, the token, a deadline per call, retries on UNAVAILABLE.
+      client = SidecarClient.builder(flags.get("addr")).authToken(flags.get("token"))
+          .timeout(timeout).healthTimeout(timeout).connect();
+      System.out.println(run(client, flags));
     } catch (CallFailed e) {
       System.err.println("Example: " + e.getMessage());
+      rc = 1;
+    } catch (StatusRuntimeException e) {
+      System.err.println("Example: connect failed: " + e.getStatus().getCode() + ": " + e.getStatus().getDescription());
       rc = 1;
     } catch (RuntimeException e) {
       System.err.println("Example: " + e);
       rc = 1;
     } finally {
-      channel.shutdownNow();
-      channel.awaitTermination(5, TimeUnit.SECONDS);
+      if (client != null) {
+        client.close();
+      }
     }
     System.exit(rc);
   }
@@ -130,75 +134,51 @@ public final class Example {
     }
   }
 
-  private static String run(ManagedChannel channel, Map<String, String> flags) {
-    long timeoutMs = Long.parseLong(flags.get("timeout-ms"));
+  /** Runs one call, naming it in the error when it fails. */
+  private static <T> T step(String what, Supplier<T> call) {
+    try {
+      return call.get();
+    } catch (StatusRuntimeException e) {
+      throw new CallFailed(what, e);
+    }
+  }
+
+  private static String run(SidecarClient cs, Map<String, String> flags) {
     int n = Integer.parseInt(flags.get("n"));
     int warmup = Integer.parseInt(flags.get("warmup"));
-    ContextServiceGrpc.ContextServiceBlockingStub base = ContextServiceGrpc.newBlockingStub(channel);
-    if (!flags.get("token").isEmpty()) {
-      Metadata md = new Metadata();
-      md.put(Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER), "Bearer " + flags.get("token"));
-      base = base.withInterceptors(MetadataUtils.newAttachHeadersInterceptor(md));
-    }
-    final ContextServiceGrpc.ContextServiceBlockingStub stub = base;
-    // A deadline per call: stubs are immutable, withDeadlineAfter returns a new one.
-    java.util.function.Supplier<ContextServiceGrpc.ContextServiceBlockingStub> call =
-        () -> stub.withDeadlineAfter(timeoutMs, TimeUnit.MILLISECONDS);
-
-    Scope scope = Scope.newBuilder().setTenantId(flags.get("tenant")).setUserId(flags.get("user")).build();
+    Scope scope = SidecarClient.scope(flags.get("tenant"), flags.get("user"));
     Map<String, Object> out = new LinkedHashMap<>();
     out.put("client", "java");
 
     // 1. A session for this task.
-    Session session;
-    try {
-      session = call.get().createSession(
-          CreateSessionRequest.newBuilder().setScope(scope).setTitle("payment-api 5xx").build());
-    } catch (StatusRuntimeException e) {
-      throw new CallFailed("CreateSession", e);
-    }
+    Session session = step("CreateSession", () -> cs.createSession(
+        CreateSessionRequest.newBuilder().setScope(scope).setTitle("payment-api 5xx").build()));
     String sessionId = session.getSessionId();
     out.put("session_id", sessionId);
 
-    // 2. The user's message.
+    // 2. The user's message opens the turn.
     String query = "查一下生产环境 payment-api 的 5xx";
-    AppendMessagesResponse app;
-    try {
-      app = call.get().appendMessages(AppendMessagesRequest.newBuilder().setScope(scope).setSessionId(sessionId)
-          .addMessages(NewMessage.newBuilder().setRole(Role.ROLE_USER).setText(query)).build());
-    } catch (StatusRuntimeException e) {
-      throw new CallFailed("AppendMessages(user)", e);
-    }
-    String userMessageId = app.getMessagesCount() > 0 ? app.getMessages(0).getMessageId() : "";
+    Turn turn = step("AppendMessages(user)", () -> cs.startTurn(scope, sessionId, query));
+    String userMessageId = turn.userMessage().getMessageId();
     out.put("user_message_id", userMessageId);
 
     // 3. A fact the user confirmed: pinned into the hard zone of every later BuildContext.
-    UpsertFactsResponse facts;
-    try {
-      facts = call.get().upsertFacts(UpsertFactsRequest.newBuilder().setScope(scope).setSessionId(sessionId)
-          .addFacts(FactInput.newBuilder().setKey("env").setValue("production")
-              .setProvenance(Provenance.PROVENANCE_USER_CONFIRMED).setSource("message:" + userMessageId))
-          .build());
-    } catch (StatusRuntimeException e) {
-      throw new CallFailed("UpsertFacts", e);
-    }
+    UpsertFactsResponse facts = step("UpsertFacts", () -> cs.upsertFacts(UpsertFactsRequest.newBuilder()
+        .setScope(scope).setSessionId(sessionId)
+        .addFacts(FactInput.newBuilder().setKey("env").setValue("production")
+            .setProvenance(Provenance.PROVENANCE_USER_CONFIRMED).setSource("message:" + userMessageId))
+        .build()));
     out.put("facts", facts.getFactsCount());
 
-    // 4. The prompt for the model call, as chat messages.
-    BuildContextRequest bcReq = BuildContextRequest.newBuilder().setScope(scope).setSessionId(sessionId)
-        .setQuery(query)
+    // 4. The prompt for the model call, as chat messages (the turn fills scope, session, query).
+    BuildContextRequest template = BuildContextRequest.newBuilder()
         .setSystemRules("You are an SRE assistant. Only query production when the user confirmed it. "
             + "Answer in the user's language.")
         .addTools(ToolSchema.newBuilder().setName("query_logs")
             .setDescription("Search service logs by service, env and time window.").setSchemaJson(TOOL_SCHEMA))
         .setRender(RenderMode.RENDER_MODE_CHAT)
         .build();
-    BuildContextResponse bc;
-    try {
-      bc = call.get().buildContext(bcReq);
-    } catch (StatusRuntimeException e) {
-      throw new CallFailed("BuildContext", e);
-    }
+    BuildContextResponse bc = step("BuildContext", () -> turn.buildContext(template));
     List<String> kinds = new ArrayList<>();
     for (Section s : bc.getSectionsList()) {
       kinds.add(s.getKind().name());
@@ -218,59 +198,41 @@ public final class Example {
     }
 
     // 5. The tool's whole output; later prompts show a trimmed view of it.
-    ToolResultRef ref;
-    try {
-      ref = call.get().recordToolResult(RecordToolResultRequest.newBuilder().setScope(scope)
-          .setSessionId(sessionId).setToolName("query_logs").setCallId("call-1").setFullText(TOOL_OUTPUT)
-          .setStatus(ToolStatus.TOOL_STATUS_OK).build());
-    } catch (StatusRuntimeException e) {
-      throw new CallFailed("RecordToolResult", e);
-    }
+    ToolResultRef ref = step("RecordToolResult",
+        () -> turn.recordToolResult("query_logs", "call-1", TOOL_OUTPUT, ToolStatus.TOOL_STATUS_OK));
     out.put("tool_result_id", ref.getToolResultId());
     out.put("tool_result_tokens", ref.getTokens());
 
     // 6. The model's answer.
-    try {
-      app = call.get().appendMessages(AppendMessagesRequest.newBuilder().setScope(scope).setSessionId(sessionId)
-          .addMessages(NewMessage.newBuilder().setRole(Role.ROLE_ASSISTANT)
-              .setText("生产环境 payment-api 最近 15 分钟有 412 个 5xx（503: 380，500: 32），"
-                  + "92% 是 payment-db 超时，连接池已满（50/50）。"))
-          .build());
-    } catch (StatusRuntimeException e) {
-      throw new CallFailed("AppendMessages(assistant)", e);
-    }
-    out.put("assistant_message_id", app.getMessagesCount() > 0 ? app.getMessages(0).getMessageId() : "");
+    Message answer = step("AppendMessages(assistant)", () -> turn.answer(
+        "生产环境 payment-api 最近 15 分钟有 412 个 5xx（503: 380，500: 32），"
+            + "92% 是 payment-db 超时，连接池已满（50/50）。"));
+    out.put("assistant_message_id", answer.getMessageId());
 
     // 7. Hand the finished turn to the background jobs (memory extraction, summary).
-    CommitTurnResponse commit;
-    try {
-      commit = call.get().commitTurn(CommitTurnRequest.newBuilder().setScope(scope).setSessionId(sessionId).build());
-    } catch (StatusRuntimeException e) {
-      throw new CallFailed("CommitTurn", e);
-    }
+    CommitTurnResponse commit = step("CommitTurn", turn::commit);
     out.put("job_ids", new ArrayList<>(commit.getJobIdsList()));
 
     // 8. BuildContext latency, client-side, after a warm-up (the JIT needs far more than Go does).
     if (n > 0) {
-      try {
+      BuildContextRequest bcReq = template.toBuilder().setScope(scope).setSessionId(sessionId).setQuery(query).build();
+      double[] ms = new double[n];
+      step("BuildContext(timed)", () -> {
         for (int i = 0; i < warmup; i++) {
-          call.get().buildContext(bcReq);
+          cs.buildContext(bcReq);
         }
-        double[] ms = new double[n];
         for (int i = 0; i < n; i++) {
-          ContextServiceGrpc.ContextServiceBlockingStub s = call.get();
           long t0 = System.nanoTime();
-          s.buildContext(bcReq);
+          cs.buildContext(bcReq);
           ms[i] = (System.nanoTime() - t0) / 1e6;
         }
-        Arrays.sort(ms);
-        out.put("warmup_calls", warmup);
-        out.put("latency_calls", n);
-        out.put("p50_ms", round3(ms[(int) Math.round(0.50 * (n - 1))]));
-        out.put("p95_ms", round3(ms[(int) Math.round(0.95 * (n - 1))]));
-      } catch (StatusRuntimeException e) {
-        throw new CallFailed("BuildContext(timed)", e);
-      }
+        return null;
+      });
+      Arrays.sort(ms);
+      out.put("warmup_calls", warmup);
+      out.put("latency_calls", n);
+      out.put("p50_ms", round3(ms[(int) Math.round(0.50 * (n - 1))]));
+      out.put("p95_ms", round3(ms[(int) Math.round(0.95 * (n - 1))]));
     } else {
       out.put("warmup_calls", 0);
       out.put("latency_calls", 0);
