@@ -45,11 +45,11 @@ class MessageSource:
             if tools:
                 _add_tools(_empty(batch), tools, tail, [])
             return [batch]
-        newest = line_tokens[-MAX_WINDOW_MESSAGES:][::-1] + MESSAGE_LINE_EXTRA
+        sizes = line_tokens + MESSAGE_LINE_EXTRA
         if tools:  # what the tool results after each message take, charged to that message
             anchor = np.searchsorted(tail.created, [t.at for t in tools], side="right") - 1
-            extra = np.bincount(np.maximum(anchor, 0), [t.tokens for t in tools], len(tail.messages)).astype(np.int64)
-            newest = newest + extra[-MAX_WINDOW_MESSAGES:][::-1]
+            sizes = sizes + np.bincount(np.maximum(anchor, 0), [t.tokens for t in tools], len(tail.messages))
+        newest = sizes[-MAX_WINDOW_MESSAGES:][::-1]
         # Cache-aware: only what the budget holds beside the summary, so the whole window is packed and its
         # start is the prompt's (classic: more, the selector keeps the newest that fit).
         within = int(np.searchsorted(np.cumsum(newest), max(room * (1 if inp.cache_aware else WINDOW_FACTOR), 1),
@@ -137,8 +137,9 @@ def _empty(batch: CandidateBatch) -> CandidateBatch:
 
 
 def _stepped_start(tail, start: int, inp: BuildInput) -> int:
-    """The first message after the summary's coverage, or a later multiple of STEP (counted from the
-    session's first message) when the budget cannot hold everything since then."""
+    """The first message after the summary's coverage or, when the budget cannot hold everything since
+    then, the first later multiple of STEP messages (counted from the session's first message: a grid
+    that, unlike one in tokens, never moves when old tool results leave the view)."""
     summary = inp.view.summary
     covered = summary.covered_until_seq if summary is not None else 0
     after_summary = int(np.searchsorted(tail.seqs, covered, side="right")) if covered else 0
