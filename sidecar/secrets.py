@@ -19,8 +19,10 @@ Entropy-check decisions (documented because they trade recall for precision):
 * all-lowercase identifiers built from dash/underscore/dot/slash separated parts with at
   least one plain word (k8s pod names like ``payment-api-7d9f8b6c5-x2x4z``, image tags,
   paths) are not flagged either: random secrets are almost always mixed case;
-* identifiers (``feeGrowthGlobal0X128``, ``Project_X_Proposal_2023``) change between lower case,
-  upper case and digits far less often than random text does, and are not flagged;
+* identifiers (``feeGrowthGlobal0X128``, ``S3OperationException``, ``Project_X_Proposal_2023``)
+  are mostly words and change between lower case, upper case and digits far less often than
+  random text does: they are not flagged;
+* SRI hashes and key fingerprints (``sha384-...``, ``SHA256:...``) are not flagged;
 * tokens inside URLs and data URIs are not flagged (video ids, document ids, short links);
   credentials in URLs are caught by their own patterns (``user:pass@``, ``?token=``, webhooks).
 
@@ -31,6 +33,8 @@ value after ``password:``), only that part is masked so hosts and field names su
 from __future__ import annotations
 
 import bisect
+import functools
+import itertools
 import math
 import re
 from collections import Counter
@@ -71,10 +75,10 @@ _NOT_A_VALUE = re.compile(
     r"\[secret:[^\]]*\]?|%\(?\w+\)?s?)",
     re.I,
 )
-# Sample-code placeholders ("YOUR_API_KEY", "your-client-secret", "replace_this_with_...", "${X}").
+# Sample-code placeholders ("YOUR_API_KEY", "your-client-secret", "replace_this_with_...", "${X}", "{$x}").
 _PLACEHOLDER_VALUE = re.compile(
     r"(?:your|my)[-_ ].*|(?:replace|insert|enter|change|put)[-_].*|.*[-_](?:here|placeholder)|"
-    r".*(?:\$\{|\{\{|process\.env|os\.environ|getenv).*",
+    r".*(?:\$\{|\{\{|\{\$|process\.env|os\.environ|getenv).*",
     re.I,
 )
 # Code that reads the value from elsewhere (request.form[...], $data['x'], settings.db.password),
@@ -93,7 +97,8 @@ _LINE_END_RE = re.compile(r"[.,;!?)\"'`\]]*[ \t]*(?:\n|$)")
 # which also ends it at the next CJK word ("密码是abc123，记住").
 _VCHAR = r"[^\x00-\x20\"',;`\x7f-\U0010ffff]"
 _VEND = r"[^\x00-\x20\"',;`.:)\]}>\x7f-\U0010ffff]"
-# At most 512 chars, so that looking again after a rejected match stays linear in the text.
+# At most 512 chars (gaps in the patterns at most 200), so that looking again from inside each
+# match stays linear in the text.
 _VALUE = rf"(\"[^\"\n]{{1,200}}\"|'[^'\n]{{1,200}}'|`[^`\n]{{1,200}}`|{_VCHAR}{{0,511}}{_VEND})"
 # Between a keyword and its value: "=", ":", "：", "is", "was changed to", "是", "为", "改成了" ...
 _ASSIGN = r"[\"'`*\]]{0,3}\s*(?::=|[:=：](?![=:])"
@@ -127,7 +132,8 @@ _KEY_WORDS = (
 )
 
 # A rule runs only when one of its needles (plain substrings) is in the text: most texts hold none,
-# and `in` costs far less than a regex scan. Patterns start with a literal where they can (no leading
+# and looking for a few substrings once costs less than running every pattern. Rules share needles
+# where they can ("pass" for every password rule), as each distinct one is a scan of the text. Patterns start with a literal where they can (no leading
 # lookbehind/\b), so the engine skips through megabytes of logs quickly; boundary checks are done in
 # code instead. Keyword ("folded") rules run on a lowercased copy, which is much faster than re.I.
 _RULES: list[_Rule] = [
@@ -155,29 +161,30 @@ _RULES: list[_Rule] = [
     _rule("sendgrid_key", "SG.", r"SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}", no_before="alnum"),
     _rule("digitalocean_token", "_v1_", r"do[opr]_v1_[a-f0-9]{64}", no_before="alnum"),
     _rule("shopify_token", "shp", r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}", no_before="alnum"),
-    _rule("webhook_url", "/api/webhooks/", r"discord(?:app)?\.com/api/webhooks/\d+/([A-Za-z0-9_-]{40,})", 1),
+    _rule("webhook_url", "/api/webhooks/", r"discord(?:app)?\.com/api/webhooks/\d+/([A-Za-z0-9_-]{40,512})", 1),
     # The lookbehind after the literal keeps "eyJeyJ..." without dots from being rescanned at every "eyJ".
     _rule("jwt", "eyJ", r"eyJ(?<![A-Za-z0-9]eyJ)[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"),
-    _rule("bearer_token", "bearer", r"bearer\s+([a-z0-9._~+/=-]{8,})", 1, "alnum", folded=True),
-    _rule("basic_auth", "basic", r"authorization[\"']?\s*[:=]\s*[\"']?basic\s+([a-z0-9+/]{8,}={0,2})", 1,
+    _rule("bearer_token", "bearer", r"bearer\s+([a-z0-9._~+/=-]{8,8192})", 1, "alnum", folded=True),
+    _rule("basic_auth", "basic", r"authorization[\"']?\s*[:=]\s*[\"']?basic\s+([a-z0-9+/]{8,4096}={0,2})", 1,
           folded=True),
     # scheme://user:PASSWORD@host (user may be empty: redis://:pw@host) — only the password is masked.
-    _rule("connection_string", "://", r"://[^\s:/@]*:([^\s@/]+)@[^\s/]+", 1),
+    _rule("connection_string", "://", r"://[^\s:/@]{0,256}:([^\s@/]{1,512})@[^\s/]", 1),
     # Query/JDBC parameters: the value ends at "&" or ";", which a stated password may contain.
-    _rule("password", "pass=|passwd=|password=|pwd=", r"[?&;](?:password|passwd|pwd|pass)=([^&;\s#\"'<>]+)", 1,
+    _rule("password", "pass|pwd", r"[?&;](?:password|passwd|pwd|pass)=([^&;\s#\"'<>]{1,512})", 1,
           folded=True),
     _rule(
-        "api_key", "token=|api_key=|apikey=|api-key=|sig=|signature=|secret=|auth=",
-        r"[?&](?:token|access_token|api_key|apikey|api-key|sig|signature|secret|client_secret|auth)=([^&\s#\"'<>]+)",
+        "api_key", "token|key|sig=|signature=|secret|auth=",
+        r"[?&](?:token|access_token|api_key|apikey|api-key|sig|signature|secret|client_secret|auth)=([^&\s#\"'<>]{1,512})",
         1,
         folded=True,
     ),
-    _rule("password", "--pass|--db-password", r"--(?:password|passwd|pass|db-password)[= ]['\"]?([^\s'\"]+)", 1,
+    _rule("password", "pass", r"--(?:password|passwd|pass|db-password)[= ]['\"]?([^\s'\"]{1,512})", 1,
           folded=True),
     _rule(
         "password", "mysql|sshpass|curl",
-        r"(?:mysql(?:dump|admin)?\s(?:[^\n]*?\s)??-p|sshpass\s+-p\s*|curl\s(?:[^\n]*?\s)??(?:-u|--user)\s+['\"]?[^\s:'\"]+:)"
-        r"['\"]?([^\s'\"]+)",
+        r"(?:mysql(?:dump|admin)?\s(?:[^\n]{0,200}?\s)??-p|sshpass\s+-p\s*|curl\s(?:[^\n]{0,200}?\s)??(?:-u|--user)\s+"
+        r"['\"]?[^\s:'\"]+:)"
+        r"['\"]?([^\s'\"]{1,512})",
         1,
         "alpha",
         folded=True,
@@ -209,17 +216,26 @@ _RULES: list[_Rule] = [
         1,
     ),
     # "root密码 Passw0rd!": no verb, so the value must hold a digit or a symbol.
-    _rule("password", "密码|口令", r"(?:密码|口令)[ \t]+(" + _VCHAR + r"{3,}" + _VEND + ")", 1, symbol=True),
+    _rule("password", "密码|口令", r"(?:密码|口令)[ \t]+(" + _VCHAR + r"{3,511}" + _VEND + ")", 1, symbol=True),
     _rule("api_key", "key|token|secret", _KEY_WORDS + r"(?![a-z])" + _ASSIGN + _STATED + _VALUE, 1, "alpha",
           folded=True),
 ]
-_RULES_CI = [r._replace(rx=re.compile(r.rx.pattern, re.I)) if r.folded else r for r in _RULES]
+
+
+@functools.cache
+def _rules_ci() -> list[_Rule]:
+    # For the rare text whose lowercased copy has other offsets: keyword rules with re.I on the text
+    # itself. Compiled on first need: with re.I the big patterns take ~0.2 s to compile.
+    return [r._replace(rx=re.compile(r.rx.pattern, re.I)) if r.folded else r for r in _RULES]
+
+
 _VALUE_RULES = {"password", "api_key"}
 # A bare "token:"/"secret:" label, or a value stated in words ("the password is ..."), needs a value
 # that looks like a credential; "key = value" assignments and Chinese statements do not.
 _GENERIC_LABEL_RE = re.compile(r"(?:token|secret)[\"'`*\]]*\s*[:=：]", re.I)
 _WORDY_LEAD_RE = re.compile(r"[A-Za-z]\s*$")
 _SYMBOL_RE = re.compile(r"[^A-Za-z]")
+_ALNUM_RE = re.compile(r"[^\W_]")
 
 
 def _credential_like(value: str) -> bool:
@@ -234,7 +250,7 @@ def _credential_like(value: str) -> bool:
 def _value_ok(rule: _Rule, text: str, m: re.Match[str], end: int, value: str, quoted: bool) -> bool:
     if rule.group == 0:
         return True
-    if _NOT_A_VALUE.fullmatch(value) or not any(c.isalnum() for c in value):
+    if _NOT_A_VALUE.fullmatch(value) or not _ALNUM_RE.search(value):
         return False
     if rule.symbol:
         return bool(_SYMBOL_RE.search(value))
@@ -246,11 +262,11 @@ def _value_ok(rule: _Rule, text: str, m: re.Match[str], end: int, value: str, qu
         return False  # "token: 42" is a count; keys hold no spaces
     if quoted:
         return True
-    lead = text[m.start() : m.start(rule.group)]
     if _PLAIN_WORD_RE.fullmatch(value) and not _LINE_END_RE.match(text, end):
         return False
     if text.startswith(":", end) or _CODE_VALUE.fullmatch(value):
         return False  # a YAML key ("Resources:\n  SATNetwork:"), or code
+    lead = text[m.start() : m.start(rule.group)]
     if _WORDY_LEAD_RE.search(lead) or _GENERIC_LABEL_RE.match(lead):
         return _credential_like(value)
     return True
@@ -258,9 +274,11 @@ def _value_ok(rule: _Rule, text: str, m: re.Match[str], end: int, value: str, qu
 
 # --------------------------------------------------------------------------- entropy
 
-# "=" only as base64 padding, so "name=value" is split and the name is not flagged.
-# No lookbehind needed: scanning left to right, a match always starts where its run of token chars does.
-_ENTROPY_TOKEN_RE = re.compile(r"[A-Za-z0-9+/_-]{20,}={0,2}(?![A-Za-z0-9+/_-])")
+# "=" only as base64 padding, so "name=value" is split and the name is not flagged. Runs of hex
+# digits only (request ids, SHAs: most long tokens of a log) are passed over here, not in Python.
+_ENTROPY_TOKEN_RE = re.compile(
+    r"(?<![A-Za-z0-9+/_-])(?!(?:[0-9a-f]+|[0-9A-F]+)(?![A-Za-z0-9+/_-]))[A-Za-z0-9+/_-]{20,}={0,2}(?![A-Za-z0-9+/_-])"
+)
 _UUID_RE = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _HEX_RE = re.compile(r"[0-9a-f]+|[0-9A-F]+")
 _PARTS_RE = re.compile(r"[-_./+]+")
@@ -278,7 +296,7 @@ _MIN_ENTROPY = 3.5
 # Share of the class changes (lower/upper/digit) a random string of the same mix would have.
 _MIN_CHANGE_RATIO = 0.6
 # Share of letters inside words above which a token is an identifier; random 20-char base62
-# strings get there about once in 1,000, camelCase and snake_case names almost always.
+# strings get there about twice in 1,000 (32 chars: 0.015 %), camelCase and snake_case names almost always.
 _MAX_WORD_SHARE = 0.75
 
 
@@ -306,7 +324,7 @@ def _changes_like_random(core: str) -> bool:
 
 
 def _word_share(core: str) -> float:
-    words = sum(len(w) for w in _WORD_RE.findall(core) if _VOWEL_RE.search(w, 1))
+    words = sum(len(w) for w in _WORD_RE.findall(core) if _VOWEL_RE.search(w))
     return words / max(sum(c.isalpha() for c in core), 1)
 
 
@@ -326,31 +344,35 @@ def _entropy_spans(hay: _Hay, found: list[SecretSpan]) -> Iterable[SecretSpan]:
     """Random-looking tokens outside the spans already found: a token glued to a found secret is
     judged without it, as it will read once that secret is masked (so masking twice finds nothing new)."""
     text = hay.text
-    cuts = sorted((s.start, s.end) for s in found)
+    cuts = [(s.start, s.end) for s in found]  # sorted and merged
     urls: list[tuple[int, int]] | None = None
+    i = 0  # the first cut that ends after the token's start
     for m in _ENTROPY_TOKEN_RE.finditer(text):
-        for start, end in _outside(m.start(), m.end(), cuts):
+        while i < len(cuts) and cuts[i][1] <= m.start():
+            i += 1
+        pieces = [m.span()] if i == len(cuts) or cuts[i][0] >= m.end() else _outside(m.start(), m.end(), cuts, i)
+        for start, end in pieces:
             if not _is_random_token(text[start:end]) or _HASH_PREFIX_RE.match(text, max(start - 7, 0), start):
                 continue
             if urls is None:
                 urls = sorted(u.span() for rx in _URL_RES for u in rx.finditer(hay.low))
-            i = bisect.bisect_right(urls, (start, len(text))) - 1
-            if i < 0 or start >= urls[i][1]:
+            u = bisect.bisect_right(urls, (start, len(text))) - 1
+            if u < 0 or start >= urls[u][1]:
                 yield SecretSpan(start, end, "high_entropy")
 
 
-def _outside(start: int, end: int, cuts: list[tuple[int, int]]) -> Iterable[tuple[int, int]]:
-    """The parts of [start, end) that no cut (sorted (start, end) pairs) covers."""
-    i = max(bisect.bisect_right(cuts, (start, start)) - 1, 0)
-    for c0, c1 in cuts[i:]:
+def _outside(start: int, end: int, cuts: list[tuple[int, int]], i: int) -> list[tuple[int, int]]:
+    """The parts of [start, end) that no cut covers; cuts are sorted, apart, none of cuts[:i] reaches it."""
+    parts = []
+    for c0, c1 in itertools.islice(cuts, i, None):
         if c0 >= end:
             break
-        if c1 > start:
-            if c0 > start:
-                yield start, c0
-            start = max(start, c1)
+        if c0 > start:
+            parts.append((start, c0))
+        start = max(start, c1)
     if start < end:
-        yield start, end
+        parts.append((start, end))
+    return parts
 
 
 # --------------------------------------------------------------------------- detect-secrets
@@ -366,12 +388,12 @@ _LIBRARY_SKIP = frozenset({
     "PrivateKeyDetector", "IPPublicDetector", "KeywordDetector", "Base64HighEntropyString",
     "HexHighEntropyString",
 })
-# Per plugin, cheap gates of which one must match on a line for the plugin to find anything there
-# (a superset of its own patterns): the plugin runs only on the lines they hit, so a 256 KiB log
-# costs a few literal scans instead of every plugin regex (~140 ms). A gate is (needle, pattern,
-# run on the lowercased text): skipped unless the needle is in the text, then the pattern ("" = the
-# needle itself) finds the lines. A plugin missing here (a newer library) is gated by its own
-# patterns: slower, never blind.
+# Per plugin, cheap gates of which one must match where the plugin can find anything (a superset of
+# its own patterns): the plugin runs only around their hits, so a 256 KiB log costs a few literal
+# scans instead of every plugin regex over every line (~140 ms). A gate is (needle, pattern, run on
+# the lowercased text): skipped unless the needle is in the text, then the pattern ("" = the needle
+# itself) finds the hits. A plugin missing here (a newer library) is gated by its own patterns:
+# slower, never blind.
 _GATES: dict[str, tuple[tuple[str, str, bool], ...]] = {
     "ArtifactoryDetector": (("AKC", r"AKC[a-zA-Z0-9]{10}", False), ("AP", r"AP[0-9A-F][a-zA-Z0-9]{8}", False)),
     "AWSKeyDetector": (
@@ -381,7 +403,7 @@ _GATES: dict[str, tuple[tuple[str, str, bool], ...]] = {
     "AzureStorageKeyDetector": (("AccountKey=", "", False),),
     "BasicAuthDetector": (("://", r"://[^\s/@]+@", False),),
     "CloudantDetector": (
-        ("cl", r"cl(?:oudant|ou)?[-_]?(?:api)?(?:key|pwd|pw|pass|token)", True), ("cloudant.com", "", True),
+        ("cl", r"cl(?:oudant|ou)?[-_]?(?:api)?(?:key|pwd|pw|pass|token)", True), ("cl", r"cloudant\.com", True),
     ),
     "DiscordBotTokenDetector": ((".", r"\.[\w-]{6}\.[\w-]{27}", False),),
     "GitHubTokenDetector": (("gh", r"gh[pousr]_", False),),
@@ -399,7 +421,7 @@ _GATES: dict[str, tuple[tuple[str, str, bool], ...]] = {
     "SendGridDetector": (("SG.", "", False),),
     "SlackDetector": (("xox", r"xox[abposr]-", True), ("hooks.slack.com/services/", "", True)),
     "SoftlayerDetector": (("softlayer", "", True), ("sl", r"sl[-_]?(?:api)?[-_]?(?:key|pwd|pass|token)", True)),
-    "SquareOAuthDetector": (("sq0csp-", "", False),),
+    "SquareOAuthDetector": (("sq0", r"sq0csp-", False),),
     "StripeDetector": (("k_live_", "", False),),
     "TelegramBotTokenDetector": ((":", r":[\w-]{35}", False),),
     "TwilioKeyDetector": (("AC", r"AC[a-z0-9]{32}", False), ("SK", r"SK[a-z0-9]{32}", False)),
@@ -413,9 +435,6 @@ _LIBRARY_KINDS = {
 }
 
 
-_TOKEN_TAIL_RE = re.compile(r"[A-Za-z0-9_\-=.]*")
-
-
 class _Gate(NamedTuple):
     needle: str
     rx: re.Pattern[str]
@@ -425,21 +444,26 @@ class _Gate(NamedTuple):
 class _Plugin(NamedTuple):
     kind: str
     plugin: BasePlugin
+    denylist: tuple[re.Pattern[str], ...]  # its patterns
     gates: tuple[_Gate, ...]
+    needles: frozenset[str]  # its gates' needles, case-sensitive
+    needles_low: frozenset[str]  # and folded
 
 
 def _library_plugins() -> list[_Plugin]:
     out = []
     for secret_type, cls in sorted(get_mapping_from_secret_type_to_class().items()):
         name = cls.__name__
-        if name in _LIBRARY_SKIP:
-            continue
+        denylist = getattr(cls, "denylist", ())
+        if name in _LIBRARY_SKIP or not denylist:
+            continue  # skipped, or not pattern-based: we could not tell where its findings are
         kind = _LIBRARY_KINDS.get(secret_type) or re.sub(r"[^a-z0-9]+", "_", secret_type.lower()).strip("_")
         if name in _GATES:
             gates = tuple(_Gate(n, re.compile(p or re.escape(n)), f) for n, p, f in _GATES[name])
         else:
-            gates = tuple(_Gate("", rx, False) for rx in getattr(cls, "denylist", ()))
-        out.append(_Plugin(kind, cls(), gates))
+            gates = tuple(_Gate("", rx, False) for rx in denylist)
+        out.append(_Plugin(kind, cls(), tuple(denylist), gates, frozenset(g.needle for g in gates if not g.folded),
+                           frozenset(g.needle for g in gates if g.folded)))
     return out
 
 
@@ -454,19 +478,18 @@ class _Hay(NamedTuple):
     same: bool  # lowercasing kept every offset (a few exotic chars change length)
     found: frozenset[str]  # case-sensitive needles present in text
     found_low: frozenset[str]  # folded needles present in low
-    holes: tuple[tuple[int, int], ...]  # the [secret:...] placeholders already in text
+    holes: tuple[tuple[int, int], ...]  # the [secret:...] placeholders already in text, in order
 
     def in_hole(self, start: int, end: int) -> bool:
         # A finding that touches a placeholder came from its own text ("[secret:" reads as a
         # "secret:" label) or runs across it: either way it is not a new secret.
-        return any(h0 < end and start < h1 for h0, h1 in self.holes)
+        i = bisect.bisect_left(self.holes, (end,)) - 1
+        return i >= 0 and self.holes[i][1] > start
 
 
 # Each distinct needle is looked for once per text; most rules and gates then cost a set lookup.
-_NEEDLES = frozenset({n for r in _RULES if not r.folded for n in r.needles}
-                     | {g.needle for p in _PLUGINS for g in p.gates if not g.folded})
-_NEEDLES_LOW = frozenset({n for r in _RULES if r.folded for n in r.needles}
-                         | {g.needle for p in _PLUGINS for g in p.gates if g.folded})
+_NEEDLES = frozenset({n for r in _RULES if not r.folded for n in r.needles}.union(*(p.needles for p in _PLUGINS)))
+_NEEDLES_LOW = frozenset({n for r in _RULES if r.folded for n in r.needles}.union(*(p.needles_low for p in _PLUGINS)))
 
 
 def _hay(text: str) -> _Hay:
@@ -476,54 +499,102 @@ def _hay(text: str) -> _Hay:
                 frozenset(n for n in _NEEDLES_LOW if n in low), holes)
 
 
+_LIBRARY_VALUE_RE = re.compile(r"[\s\"'=:]*([^\s\"']+)")
+_TOKEN_TAIL_RE = re.compile(r"[A-Za-z0-9_\-=.]{0,4096}")
+
+
+def _gate_hits(hay: _Hay, plug: _Plugin) -> list[int]:
+    """Where a gate of the plugin matched, in order."""
+    hits: list[int] = []
+    for gate in plug.gates:
+        if gate.needle not in (hay.found_low if gate.folded else hay.found):
+            continue
+        haystack, rx = (hay.text, gate.rx) if not gate.folded else (hay.low, gate.rx) if hay.same else \
+            (hay.text, re.compile(gate.rx.pattern, re.I))
+        hits += (m.start() for m in rx.finditer(haystack))
+    return sorted(hits)
+
+
+# A plugin reads a window around each gate hit, within its line: a secret starts at most _BEFORE
+# chars before the hit and is seen within _AFTER chars after it (the rest of a long token is
+# added below). Windows keep the plugins' own regexes, some of which rescan a line from every
+# candidate start, from going quadratic on a long line ("eyJ" x 80k: 63 s as whole lines).
+# A window reaches _SLACK further, so that dense hits share one; at most _MAX_WINDOWS per plugin
+# and text (a text with more is not prose; our own patterns still read all of it).
+_BEFORE, _AFTER, _SLACK, _MAX_WINDOWS = 256, 512, 512, 128
+
+
+def _windows(text: str, hits: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for h in hits:
+        if out and out[-1][0] <= h - _BEFORE and h + _AFTER <= out[-1][1]:
+            continue
+        if len(out) == _MAX_WINDOWS:
+            break
+        line_start = text.rfind("\n", 0, h) + 1
+        line_end = text.find("\n", h)
+        out.append((max(line_start, h - _BEFORE),
+                    min(line_end if line_end >= 0 else len(text), h + _AFTER + _SLACK)))
+    return out
+
+
 def _library_spans(hay: _Hay) -> Iterable[SecretSpan]:
     text = hay.text
     for plug in _PLUGINS:
-        line_starts: set[int] = set()
-        for gate in plug.gates:
-            if gate.needle not in (hay.found_low if gate.folded else hay.found):
+        if hay.found.isdisjoint(plug.needles) and hay.found_low.isdisjoint(plug.needles_low):
+            continue
+        for start, end in _windows(text, _gate_hits(hay, plug)):
+            window = text[start:end]
+            # The plugin's verdict (its own checks, such as the JWT plugin's decoding) says what is a
+            # secret; its patterns, run again here, say where: analyze_string gives values only.
+            verdict = set(plug.plugin.analyze_string(window))
+            if not verdict:
                 continue
-            haystack, rx = (text, gate.rx) if not gate.folded else (hay.low, gate.rx) if hay.same else \
-                (text, re.compile(gate.rx.pattern, re.I))
-            for m in rx.finditer(haystack):
-                line_starts.add(text.rfind("\n", 0, m.start()) + 1)
-        for start in line_starts:
-            end = text.find("\n", start)
-            line = text[start : end if end >= 0 else len(text)]
-            for raw in plug.plugin.analyze_string(line):
-                # Some plugins include the delimiters around the value (" AKC...", "npm_... rest of line").
-                value = raw.strip().strip("\"'").lstrip("=:").split(maxsplit=1)
-                if not value or _NOT_A_VALUE.fullmatch(value[0]):
-                    continue
-                v = value[0]
-                pos = line.find(v)
-                while pos >= 0:
-                    # Others report only part of the token: the GitHub plugin its "ghp" group, the JWT
-                    # plugin header.payload without the signature. The span runs on to the token's end.
-                    end = _TOKEN_TAIL_RE.match(line, pos + len(v)).end()
-                    end -= line[pos:end].endswith(".")
-                    yield SecretSpan(start + pos, start + end, plug.kind)
-                    pos = line.find(v, pos + len(v))
+            for rx in plug.denylist:
+                covered = 0  # where the last span found by this pattern ends
+                for m in rx.finditer(window):
+                    for g in [g for g in range(1, rx.groups + 1) if m.group(g)] or [0]:
+                        if m.group(g) in verdict and start + m.start(g) >= covered:
+                            span = _library_span(text, start + m.start(g), start + m.end(g), plug.kind)
+                            if span:
+                                covered = span.end
+                                yield span
+
+
+def _library_span(text: str, start: int, end: int, kind: str) -> SecretSpan | None:
+    # Some plugins include the delimiters around the value (" AKC...", "npm_... rest of line")...
+    value = _LIBRARY_VALUE_RE.match(text, start, end)
+    if not value or _NOT_A_VALUE.fullmatch(value.group(1)):
+        return None
+    start = value.start(1)
+    # ... others only part of the token: the GitHub plugin its "ghp" group, the JWT plugin
+    # header.payload without the signature. The span runs on to the token's end.
+    end = _TOKEN_TAIL_RE.match(text, value.end(1)).end()
+    return SecretSpan(start, end - text[start:end].endswith("."), kind)
 
 
 # --------------------------------------------------------------------------- detection
 
 def _own_spans(hay: _Hay) -> Iterable[SecretSpan]:
     text = hay.text
-    for rule in _RULES if hay.same else _RULES_CI:
+    for rule in _RULES if hay.same else _rules_ci():
         if (hay.found_low if rule.folded else hay.found).isdisjoint(rule.needles):
             continue
         haystack = hay.low if (rule.folded and hay.same) else text
         pos = 0
+        kept = (0, 0)  # the last value kept
         while m := rule.rx.search(haystack, pos):
+            if kept[0] <= m.start() < kept[1]:
+                pos = kept[1]  # a match inside a kept value goes with it
+                continue
             span = _accepted(rule, hay, m)
-            if span and hay.in_hole(span.start, span.end):
-                span = None
             if span:
                 yield span
-            # After a rejected match look again from its next char: it may hide a real one
-            # ("aZcurl -u a:curl -u a:pw" holds "curl -u a:pw"), which masking would otherwise reveal.
-            pos = m.end() if span else m.start() + 1
+                kept = (span.start, span.end)
+            # Look again from the next char, not from the match's end: a match may hide another
+            # ("aZcurl -u a:curl -u a:pw" holds "curl -u a:pw"), which masking would bring to light.
+            # Not needed after a whole match kept (a token, a key block): it is all masked.
+            pos = m.end() if span and not rule.group else m.start() + 1
 
 
 def _accepted(rule: _Rule, hay: _Hay, m: re.Match[str]) -> SecretSpan | None:
@@ -531,7 +602,7 @@ def _accepted(rule: _Rule, hay: _Hay, m: re.Match[str]) -> SecretSpan | None:
     before = text[m.start() - 1] if m.start() > 0 else ""
     if rule.no_before and before and _bad_before(before, rule.no_before, text, m):
         return None
-    if rule.no_before and before == "]" and any(h1 == m.start() for _, h1 in hay.holes):
+    if rule.no_before and before == "]" and hay.in_hole(m.start() - 1, m.start()):
         return None  # glued to a masked secret, as it was to the secret before masking
     if rule.kind == "connection_string" and not before.isalnum():
         return None  # needs a scheme before "://"
@@ -542,7 +613,7 @@ def _accepted(rule: _Rule, hay: _Hay, m: re.Match[str]) -> SecretSpan | None:
     quoted = len(value) >= 2 and value[0] in "\"'`" and value[-1] == value[0]
     if quoted:
         start, end, value = start + 1, end - 1, value[1:-1]
-    if end > start and _value_ok(rule, text, m, end + quoted, value, quoted):
+    if end > start and not hay.in_hole(start, end) and _value_ok(rule, text, m, end + quoted, value, quoted):
         return SecretSpan(start, end, rule.kind)
     return None
 
@@ -559,8 +630,8 @@ def find_secrets(text: str) -> list[SecretSpan]:
     not secrets."""
     hay = _hay(text)
     spans = [*_own_spans(hay), *_library_spans(hay)]
-    spans += _entropy_spans(hay, spans)
-    return _merge([s for s in spans if not hay.in_hole(s.start, s.end)] if hay.holes else spans)
+    found = _merge([s for s in spans if not hay.in_hole(s.start, s.end)] if hay.holes else spans)
+    return _merge(found + [s for s in _entropy_spans(hay, found) if not hay.in_hole(s.start, s.end)])
 
 
 def _merge(spans: list[SecretSpan]) -> list[SecretSpan]:
@@ -585,36 +656,59 @@ def mask(text: str) -> tuple[str, list[Masked]]:
     """Replace each secret with ``[secret:<kind>#<n>]``: n numbers the distinct secret values of
     ``text`` from 1 (the same value again gets the same n; numbering goes on after any placeholder
     the text already holds). Positions in the result refer to ``text``; a clean text is returned
-    itself."""
+    itself. The masked text holds nothing left to mask, so masking it again changes nothing."""
     spans = find_secrets(text)
     if not spans:
         return text, []
     last = max((int(m.group(2)) for m in PLACEHOLDER_RE.finditer(text)), default=0)
-    numbers: dict[str, int] = {}
-    out: list[str] = []
-    masked: list[Masked] = []
-    pos = 0
-    for s in spans:
-        n = numbers.setdefault(text[s.start : s.end], last + len(numbers) + 1)
-        placeholder = f"[secret:{s.kind}#{n}]"
-        out += (text[pos : s.start], placeholder)
-        masked.append(Masked(s.kind, placeholder, s.start, s.end))
-        pos = s.end
-    out.append(text[pos:])
-    return "".join(out), masked
+    for _ in range(_MASK_ROUNDS):
+        numbers: dict[str, int] = {}
+        masked = [
+            Masked(s.kind, f"[secret:{s.kind}#{numbers.setdefault(text[s.start:s.end], last + len(numbers) + 1)}]",
+                   s.start, s.end)
+            for s in spans
+        ]
+        out = _replace(text, [(m.start, m.end, m.placeholder) for m in masked])
+        # Masking can bring a secret to light (a token glued to a masked one now stands alone):
+        # mask what the masked text still shows too, at its place in the original.
+        more = find_secrets(out)
+        if not more:
+            break
+        spans = _merge(spans + _in_original(masked, more))
+    return out, masked
+
+
+_MASK_ROUNDS = 3  # one is the rule; a second only for glued secrets
+
+
+def _in_original(masked: list[Masked], spans: list[SecretSpan]) -> list[SecretSpan]:
+    """Spans of the masked text (sorted, outside every placeholder) at their place in the original."""
+    out: list[SecretSpan] = []
+    shift = i = 0
+    out_pos = orig_pos = 0  # where masked[i] starts in the masked text; where the text before it ends
+    for span in spans:
+        while i < len(masked) and out_pos + masked[i].start - orig_pos < span.end:
+            m = masked[i]
+            out_pos += m.start - orig_pos + len(m.placeholder)
+            shift += len(m.placeholder) - (m.end - m.start)
+            orig_pos = m.end
+            i += 1
+        out.append(SecretSpan(span.start - shift, span.end - shift, span.kind))
+    return out
 
 
 def redact(text: str) -> str:
     """Replace every secret span with ``[REDACTED:<kind>]``; returns ``text`` itself if clean."""
     spans = find_secrets(text)
-    if not spans:
-        return text
+    return _replace(text, [(s.start, s.end, f"[REDACTED:{s.kind}]") for s in spans]) if spans else text
+
+
+def _replace(text: str, parts: list[tuple[int, int, str]]) -> str:
     out: list[str] = []
     pos = 0
-    for s in spans:
-        out.append(text[pos : s.start])
-        out.append(f"[REDACTED:{s.kind}]")
-        pos = s.end
+    for start, end, new in parts:
+        out += (text[pos:start], new)
+        pos = end
     out.append(text[pos:])
     return "".join(out)
 
