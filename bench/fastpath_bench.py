@@ -15,12 +15,12 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+from harness import median_us
 
 _HERE = Path(__file__).resolve().parent
 _ROOT = _HERE.parent
@@ -84,17 +84,6 @@ def make_candidates(fp: ModuleType, rng: random.Random, n: int = N_CANDIDATES) -
         cat_budget=np.array(CAT_BUDGET, dtype=np.int64),
         total_budget=TOTAL_BUDGET,
     )
-
-
-def median_us(fn: Callable[[], object], reps: int, inner: int = 1) -> float:
-    fn()  # warm-up
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        samples.append((time.perf_counter() - t0) / inner)
-    return statistics.median(samples) * 1e6
 
 
 def yardstick_ms(reps: int = 5) -> float:

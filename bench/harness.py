@@ -42,6 +42,18 @@ def settle() -> None:
     os.sync()
 
 
+def median_us(fn: Callable[[], object], reps: int, inner: int = 1) -> float:
+    """Median microseconds of one call of fn (after one warm-up call), over reps timings of inner calls."""
+    fn()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        samples.append((time.perf_counter() - t0) / inner)
+    return statistics.median(samples) * 1e6
+
+
 def time_calls(fn: Callable[[], object], n: int, warmup: int = 50) -> list[float]:
     for _ in range(warmup):
         fn()

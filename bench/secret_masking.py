@@ -2,7 +2,7 @@
 false masks on real conversations (LoCoMo, LongMemEval), and what the detector costs per turn and
 per pasted log.
 
-python bench/secrets.py [--quick] [--seed N] [--cases N]
+python bench/secret_masking.py [--quick] [--seed N] [--cases N]
 
 (a) A corpus generated from the seed: secrets of many kinds (cloud keys, vendor tokens, JWTs, private
 keys, connection strings, English and Chinese password statements, labelled and unlabelled keys),
@@ -45,7 +45,7 @@ from collections import Counter, defaultdict  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
-from harness import ROOT, emit  # noqa: E402
+from harness import ROOT, emit, median_us  # noqa: E402
 
 from sidecar import secrets as detector  # noqa: E402
 
@@ -444,16 +444,6 @@ def pasted_log(rng: random.Random, size: int) -> str:
     return "\n".join(out)[:size]
 
 
-def median_us(fn: Callable[[], object], reps: int, inner: int = 1) -> float:
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        samples.append((time.perf_counter() - t0) / inner)
-    return statistics.median(samples) * 1e6
-
-
 def speed_part(rng: random.Random, quick: bool) -> dict[str, float]:
     """mask() on clean turns (the common case), on turns holding one stated password, and on a pasted
     log with a few secrets: a text with secrets is read twice (the masked text is checked again)."""
@@ -509,7 +499,7 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     t0 = time.perf_counter()
-    figures: dict[str, object] = {"bench": "secrets", "quick": args.quick, "seed": args.seed}
+    figures: dict[str, object] = {"bench": "secret_masking", "quick": args.quick, "seed": args.seed}
     figures.update(corpus_part(corpus(rng, args.cases or (600 if args.quick else 3000))))
     sample = 3000 if args.quick else None
     figures["locomo"] = false_masks("locomo", locomo_turns(LOCOMO), sample, rng)
