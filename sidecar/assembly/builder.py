@@ -148,12 +148,15 @@ class PackedSection:
     scores: list[float]
     build_items: Callable[[], list[Item]]
     _items: list[Item] | None = None
+    item_tokens: list[int] | None = None  # each item's tokens, in order (what the prompt cache report sums)
+    item_sources: list[str] | None = None  # each item's source tag, in order (what a kept recall leaves out)
 
     @classmethod
     def of_items(cls, kind: Section, items: list[Item]) -> PackedSection:
         bodies = [fastpath.encode_item(it.source, it.category, it.tokens, it.text, it.role, it.timestamp_ms,
                                        it.source_message_ids) for it in items]
-        return cls(kind, sum(it.tokens for it in items), bodies, [it.score for it in items], lambda: items, items)
+        return cls(kind, sum(it.tokens for it in items), bodies, [it.score for it in items], lambda: items, items,
+                   [it.tokens for it in items], [it.source for it in items])
 
     @property
     def items(self) -> list[Item]:
@@ -285,7 +288,7 @@ class ContextBuilder:
                 soft_tokens -= kept.tokens
             if kept.bodies:
                 soft_sections.append(PackedSection(Section.SESSION_RECALL, kept.tokens, kept.bodies, kept.scores,
-                                                   lambda: kept.items, kept.items))
+                                                   lambda: kept.items))
                 soft_tokens += kept.tokens
 
         packed = [PackedSection.of_items(s, items) for s, items in hard] + soft_sections
@@ -499,10 +502,13 @@ def _pack_sections(live: list[CandidateBatch], sel: fastpath.Selection, starts: 
     rows = rank.tolist()
     in_order = [bodies[n] for n in rows]
     ordered_scores = [score_list[n] for n in rows]
+    ordered_tokens = [token_list[n] for n in rows]
+    ordered_sources = [live[ks_l[n]].sources[js_l[n]] for n in rows]
     cut, per_section = bounds.tolist(), slot_tokens.tolist()
     picks = _Picks(live, ks_l, js_l, score_list, token_list, keys.tolist())
     return [PackedSection(kind, per_section[s], in_order[cut[s]:cut[s + 1]], ordered_scores[cut[s]:cut[s + 1]],
-                          partial(picks.items, rows[cut[s]:cut[s + 1]]))
+                          partial(picks.items, rows[cut[s]:cut[s + 1]]), None, ordered_tokens[cut[s]:cut[s + 1]],
+                          ordered_sources[cut[s]:cut[s + 1]])
             for s, kind in enumerate(SOFT_SECTIONS)]
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from sidecar.assembly.candidates import CandidateBatch, Section
 
@@ -19,15 +18,34 @@ MAX_SESSIONS = 4096
 RECALLED = (Section.MEMORIES, Section.KNOWLEDGE)  # the sections a block is made of
 
 
-@dataclass(frozen=True, slots=True)
 class RecallBlock:
-    epoch: tuple
-    bodies: list[bytes]
-    scores: list[float]
-    items: list  # Item objects, made once when the block is made
-    tokens: int
-    sources: frozenset[str]
-    by_section: dict[Section, int]  # tokens it took from each recalled section's budget
+    """A session's kept recall: the packed sections of the call that made it. Its Item objects and
+    source tags are made only when asked for (a text rendering, a later call of the session), so making
+    a block costs a new session's first call nothing."""
+
+    def __init__(self, epoch: tuple, sections: Sequence) -> None:
+        self.epoch = epoch
+        self._sections = sections
+        self.bodies: list[bytes] = [b for p in sections for b in p.bodies]
+        self.scores: list[float] = [s for p in sections for s in p.scores]
+        self.tokens: int = sum(p.tokens for p in sections)
+        self.by_section: dict[Section, int] = {p.kind: p.tokens for p in sections}  # taken from each budget
+        self._items: list | None = None
+        self._sources: frozenset[str] | None = None
+
+    @property
+    def items(self) -> list:
+        if self._items is None:
+            self._items = [it for p in self._sections for it in p.items]
+        return self._items
+
+    @property
+    def sources(self) -> frozenset[str]:
+        if self._sources is None:
+            self._sources = frozenset(src for p in self._sections
+                                      for src in (p.item_sources if p.item_sources is not None
+                                                  else [it.source for it in p.items]))
+        return self._sources
 
 
 class SessionRecall:
@@ -46,18 +64,13 @@ class SessionRecall:
 
     def keep(self, key: tuple[str, str, str], epoch: tuple, sections: Sequence) -> RecallBlock:
         """The block of this call's recalled sections (packed, in render order)."""
-        picked = [p for p in sections if p.kind in RECALLED and p.bodies]
-        items = [it for p in picked for it in p.items]
-        block = RecallBlock(epoch, [b for p in picked for b in p.bodies], [s for p in picked for s in p.scores], items,
-                            sum(p.tokens for p in picked), frozenset(it.source for it in items),
-                            {p.kind: p.tokens for p in picked})
+        block = RecallBlock(epoch, [p for p in sections if p.kind in RECALLED and p.bodies])
         with self._lock:
             self._blocks[key] = block
             self._blocks.move_to_end(key)
             while len(self._blocks) > self.max_sessions:
                 self._blocks.popitem(last=False)
         return block
-
 
     def drop_user(self, tenant_id: str, user_id: str) -> int:
         """Forget the user's kept blocks (a deletion: they may quote what was deleted)."""
@@ -72,7 +85,8 @@ def leave_out(batches: Sequence[CandidateBatch], block: RecallBlock) -> None:
     """This call's candidates that the block already shows are not chosen again."""
     for b in batches:
         if b.section in RECALLED and len(b):
-            shown = {j for j, source in enumerate(b.sources) if source in block.sources}
+            kept = block.sources
+            shown = {j for j, source in enumerate(b.sources) if source in kept}
             if shown:
                 b.exclude(shown)
 
