@@ -356,7 +356,8 @@ _SECRETS = st.one_of(
     st.from_regex(rf"AIza[{_B62}_-]{{35}}", fullmatch=True),
     st.from_regex(rf"SG\.[{_B62}_-]{{22}}\.[{_B62}_-]{{43}}", fullmatch=True),
 )
-_PASSWORDS = st.from_regex(r"[A-Za-z]{2,8}[0-9]{1,4}[-!@#$%&*_]?[A-Za-z0-9]{0,4}", fullmatch=True)
+# No "@": in the URL carrier it would have to be percent-encoded ("postgres://app:AA0@@db" is no valid URL).
+_PASSWORDS = st.from_regex(r"[A-Za-z]{2,8}[0-9]{1,4}[-!#$%&*_]?[A-Za-z0-9]{0,4}", fullmatch=True)
 _CARRIERS = (
     "password: {s}", "the password is {s}", "my db password is {s}", "DB_PASSWORD={s}", "密码是 {s}", "口令：{s}",
     "postgres://app:{s}@db.internal:5432/app", "新密码：{s}",
