@@ -272,7 +272,6 @@ class MemoryService:
             # (their own session keeps them as history).
             sources = set(current.source_message_ids)
             self._remove(scope, current, "deleted by the user", sources)
-            self.invalidate(scope)  # its words and subject must not linger in the user's index
             for hook in self._on_delete:
                 hook(scope, sources)
 
@@ -282,7 +281,7 @@ class MemoryService:
                             status=MemoryStatus.DELETED, updated_at_ms=at)
         self.store.delete_memory(scope, current.memory_id, MemoryChange(tombstone, "delete", reason, at),
                                  sorted(unrecall))
-        self._apply(scope, lambda st: st.remove(current.memory_id))
+        self.invalidate(scope)  # rebuilt from rows: no word or subject of the deleted one lingers in the index
 
     def drop_sources(self, scope: Scope, message_ids: set[str]) -> int:
         """Deleted turns take with them the memories learnt only from them; an active memory with
@@ -305,8 +304,6 @@ class MemoryService:
                                             [MemoryChange(kept, "update", "some source turns were deleted",
                                                           kept.updated_at_ms)])
                     self._apply(scope, lambda st, kept=kept: st.refresh(kept))
-            if gone:
-                self.invalidate(scope)  # rebuilt from rows: no word or subject of the deleted ones lingers
         return gone
 
     def generation(self, scope: Scope) -> tuple[int, int]:

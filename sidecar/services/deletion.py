@@ -37,15 +37,14 @@ class DeletionService:
             if mid not in found:
                 raise NotFound(f"message_ids[{i}] {mid!r} is not a message of session {session_id!r}")
         counts = self.store.delete_messages(scope, session_id, sorted(found))
-        return self._after(scope, [session_id], found, counts)
+        return self._after(scope, found, counts)
 
     def delete_session(self, scope: Scope, session_id: str) -> dict[str, int]:
         self.sessions.view(scope, session_id)
         counts, message_ids = self.store.delete_session(scope, session_id)
-        return self._after(scope, [session_id], set(message_ids), counts)
+        return self._after(scope, set(message_ids), counts)
 
-    def _after(self, scope: Scope, session_ids: list[str], message_ids: set[str],
-               counts: dict[str, int]) -> dict[str, int]:
+    def _after(self, scope: Scope, message_ids: set[str], counts: dict[str, int]) -> dict[str, int]:
         # The rows are gone: now every derived copy. The user's recall index is rebuilt from rows on
         # next use (it holds the deleted turns' text and terms).
         counts["memories"] = self.memories.drop_sources(scope, message_ids) if message_ids else 0
