@@ -5,8 +5,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import fastpath
 from sidecar import tokens
 from sidecar.api import context_service_pb2 as pb
+from sidecar.assembly.builder import _keep_history_whole
+from sidecar.assembly.candidates import CandidateBatch, Section, SoftCategory
 from tests.grpc_assert import expect_status
 
 RULES = "You are OpsPilot. Read-only unless a human approves a write."
@@ -76,15 +79,45 @@ def test_prefix_hash_stable_until_state_changes(stub, scope, session_id):
     assert d.stable_prefix_hash != c.stable_prefix_hash
 
 
-def test_duplicates_removed_and_reported(stub, scope, session_id):
+def test_duplicates_removed_and_reported_in_the_classic_layout(stub, scope, session_id):
     old = _append(stub, scope, session_id, "Please check the payment-api error rate in production")[0]
     _append(stub, scope, session_id, "something else entirely")
     new = _append(stub, scope, session_id, "Please check the payment-api error rate in production")[0]
-    resp = _build(stub, scope, session_id, query="?")
+    resp = _build(stub, scope, session_id, query="?", layout=pb.LAYOUT_CLASSIC)
     sources = [it.source for it in _section(resp, pb.SECTION_KIND_RECENT_MESSAGES).items]
     assert f"message:{new.message_id}" in sources and f"message:{old.message_id}" not in sources
     dup = next(d for d in resp.dropped if d.source == f"message:{old.message_id}")
     assert dup.reason == pb.DROP_REASON_DUPLICATE and dup.kept_source == f"message:{new.message_id}"
+
+
+def test_cache_aware_history_keeps_a_repeated_message(stub, scope, session_id):
+    """A message said twice is two events; dropping the older one would leave a hole that moves the
+    prompt's prefix on the next call."""
+    said = _append(stub, scope, session_id, "calling get_metrics for refund-worker", "ok", "calling get_metrics for refund-worker")
+    first = _build(stub, scope, session_id, query="?")
+    sources = [it.source for it in _section(first, pb.SECTION_KIND_RECENT_MESSAGES).items]
+    assert sources == [f"message:{m.message_id}" for m in said]
+    _append(stub, scope, session_id, "calling get_metrics for refund-worker")
+    second = _build(stub, scope, session_id, query="?")
+    assert [it.source for it in _section(second, pb.SECTION_KIND_RECENT_MESSAGES).items][:3] == sources
+    assert not second.dropped
+
+
+def test_cache_aware_other_candidates_repeating_the_history_are_dropped():
+    history = CandidateBatch(SoftCategory.RECENT_MESSAGES, Section.RECENT_MESSAGES,
+                             texts=["user: the invoice run failed at 02:00 UTC on ledger-db", "assistant: looking"],
+                             sources=["message:a", "message:b"], tokens=[12, 3])
+    memories = CandidateBatch(SoftCategory.MEMORIES, Section.MEMORIES,
+                              texts=["user: the invoice run failed at 02:00 UTC on ledger-db",
+                                     "user: the invoice run failed at 02:00 UTC on ledger-db!", "prefers short answers"],
+                              sources=["memory:1", "memory:2", "memory:3"], tokens=[12, 13, 4])
+    for b in (history, memories):
+        b.exact_keys, b.simhashes = fastpath.text_keys(list(b.texts))
+    _keep_history_whole([history, memories], max_hamming=3)
+    assert memories.excluded == {0, 1}
+    assert [(d.source, d.reason, d.kept_source) for d in memories.dropped] == [
+        ("memory:1", pb.DROP_REASON_DUPLICATE, "message:a"), ("memory:2", pb.DROP_REASON_DUPLICATE, "message:a")]
+    assert not history.exact_keys.any() and not history.simhashes.any()
 
 
 def test_low_score_and_debug_timings(stub, scope, session_id):

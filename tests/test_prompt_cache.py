@@ -158,3 +158,69 @@ def test_the_summary_folds_in_blocks(stub, scope, session_id):
         texts.append(summary[0] if summary else "")
     changes = sum(a != b for a, b in zip(texts, texts[1:], strict=False))
     assert texts[-1] and 1 <= changes <= 80 // 4  # a fold per quarter window, not per turn
+
+
+def _log(service: str, n: int, seed: int) -> str:
+    return "\n".join(f"2026-12-05T10:{k % 60:02d}:{(k * seed) % 60:02d}Z {'ERROR' if k % 7 == 0 else 'INFO'} {service} "
+                     f"req={k * 7919 + seed:010x} latency_ms={(k * 37 + seed) % 2400} status={502 if k % 7 == 0 else 200}"
+                     for k in range(n))
+
+
+def test_a_tool_loop_shares_its_history_and_past_outputs_shrink_to_their_briefs(stub, scope, session_id):
+    """Within a turn every model call repeats the previous one's history up to the turn's outputs (an
+    earlier output of the turn gives way to its brief when both views do not fit); when the user speaks
+    again the last turn's outputs are shown by their briefs, and the history's start moves only then."""
+    s = dict(scope=scope, session_id=session_id)
+    calls = []  # (turn, call in turn, history items as (source, text))
+    recorded = []
+    for turn in range(16):
+        stub.AppendMessages(pb.AppendMessagesRequest(**s, messages=[
+            pb.NewMessage(role=pb.ROLE_USER, text=f"turn {turn}: is payment-api-{turn % 3} healthy?")]))
+        run = stub.StartRun(pb.StartRunRequest(**s, goal="check")).run_id
+        for k in range(2):
+            stub.AppendMessages(pb.AppendMessagesRequest(**s, messages=[
+                pb.NewMessage(role=pb.ROLE_ASSISTANT, text=f"calling get_logs ({turn}.{k})", tool_name="get_logs")]))
+            recorded.append(stub.RecordToolResult(pb.RecordToolResultRequest(
+                **s, run_id=run, tool_name="get_logs", call_id=f"c{turn}.{k}",
+                full_text=_log(f"payment-api-{turn % 3}", 60, turn * 2 + k))).tool_result_id)
+            resp = _build(stub, scope, session_id, query="what do the logs say?")
+            calls.append((turn, k, [(it.source, it.text) for sec in resp.sections
+                                    if sec.kind == pb.SECTION_KIND_RECENT_MESSAGES for it in sec.items]))
+        stub.AppendMessages(pb.AppendMessagesRequest(**s, messages=[
+            pb.NewMessage(role=pb.ROLE_ASSISTANT, text=f"payment-api-{turn % 3}: healthy after turn {turn}")]))
+        jobs = list(stub.CommitTurn(pb.CommitTurnRequest(**s)).job_ids)
+        stub.WaitForJobs(pb.WaitForJobsRequest(scope=scope, job_ids=jobs, timeout_ms=30_000))
+    for (turn, k, history), (_, _, before) in zip(calls[1:], calls, strict=False):
+        if k == 1:  # the turn's second call repeats the first one's history, then adds to it
+            output = next(i for i, (source, _) in enumerate(before) if source == f"tool:{recorded[2 * turn]}")
+            assert history[:output] == before[:output]
+            assert history[output][0] == before[output][0] and len(history) > len(before)
+    starts = [(turn, k, history[0][0]) for turn, k, history in calls]
+    moves = [(turn, k) for (turn, k, a), (_, _, b) in zip(starts[1:], starts, strict=False) if a != b]
+    assert moves and all(k == 0 for _, k in moves)  # only when the user spoke
+    texts = {source: text for source, text in calls[-1][2]}
+    view = texts[f"tool:{recorded[-1]}"]  # the newest output as its view, the last turns' as their briefs
+    briefs = [texts[f"tool:{r}"] for r in recorded[-6:-2] if f"tool:{r}" in texts]
+    assert briefs and all(len(b) < len(view) for b in briefs)
+
+
+def test_the_summary_folds_what_tool_outputs_take_in_the_history(stub, scope, session_id):
+    """Short messages with long tool outputs: what the history holds (the outputs' briefs) fills the
+    summary window, so older turns fold although their own lines are short."""
+    s = dict(scope=scope, session_id=session_id)
+    for turn in range(14):
+        stub.AppendMessages(pb.AppendMessagesRequest(**s, messages=[
+            pb.NewMessage(role=pb.ROLE_USER, text=f"turn {turn}: any errors?"),
+            pb.NewMessage(role=pb.ROLE_ASSISTANT, text="calling get_logs", tool_name="get_logs")]))
+        run = stub.StartRun(pb.StartRunRequest(**s, goal="check")).run_id
+        stub.RecordToolResult(pb.RecordToolResultRequest(**s, run_id=run, tool_name="get_logs", call_id=f"c{turn}",
+                                                         full_text=_log("ledger-db", 80, turn)))
+        stub.AppendMessages(pb.AppendMessagesRequest(**s, messages=[
+            pb.NewMessage(role=pb.ROLE_ASSISTANT, text=f"ledger-db fine at turn {turn}")]))
+        jobs = list(stub.CommitTurn(pb.CommitTurnRequest(**s)).job_ids)
+        stub.WaitForJobs(pb.WaitForJobsRequest(scope=scope, job_ids=jobs, timeout_ms=30_000))
+    resp = _build(stub, scope, session_id, query="status?")
+    summary = [it.text for sec in resp.sections if sec.kind == pb.SECTION_KIND_SUMMARY for it in sec.items]
+    assert summary and "any errors?" in summary[0]
+    history = [it.text for sec in resp.sections if sec.kind == pb.SECTION_KIND_RECENT_MESSAGES for it in sec.items]
+    assert not any("turn 0: any errors?" in t for t in history) and any("turn 13: any errors?" in t for t in history)

@@ -23,6 +23,7 @@ from sidecar.assembly.candidates import (
     CandidateSource,
     Section,
     SoftCategory,
+    SourceDrop,
     query_texts,
 )
 from sidecar.assembly.prompt_cache import PromptCache, PromptMemory
@@ -280,7 +281,7 @@ class ContextBuilder:
 
         max_dropped = (1 << 30) if req.debug and not req.max_dropped else (req.max_dropped or DEFAULT_MAX_DROPPED)
         soft_sections, usage, dropped, drop_counts, soft_tokens = self._select(
-            batches, select_budget, soft_total, req.min_score, max_dropped, clock)
+            batches, select_budget, soft_total, req.min_score, max_dropped, clock, whole_history=req.cache_aware)
         if req.cache_aware:
             if kept is None:  # this call's recall is the session's, from now until the epoch changes
                 kept = self.session_recall.keep(key, epoch, soft_sections)
@@ -377,12 +378,14 @@ class ContextBuilder:
 
     # ------------------------------------------------------------------ soft zone
     def _select(self, batches: list[CandidateBatch], budget: Budget, soft_total: int, min_score: float,
-                max_dropped: int, clock: _StageClock
+                max_dropped: int, clock: _StageClock, whole_history: bool = False
                 ) -> tuple[list[PackedSection], list[Usage], list[Dropped], dict[int, int], int]:
         live = [b for b in batches if len(b)]
         for b in live:
             if b.exact_keys is None:  # sources that did not precompute their keys
                 b.exact_keys, b.simhashes = _text_keys(b.texts)
+        if whole_history:
+            _keep_history_whole(live, self.weights.max_hamming)
         sizes = [len(b) for b in live]
         offsets = [0, *itertools.accumulate(sizes)]
         cat_ids = np.array([int(b.category) for b in live], np.int32)
@@ -418,6 +421,33 @@ class ContextBuilder:
         usage = [Usage(SOFT_WIRE[c], budgets[c], used[c], considered_n[c], picked_n[c], flowed[c])
                  for c in range(n_cat)]
         return soft_sections, usage, dropped, counts, int(sel.used.sum())
+
+
+def _keep_history_whole(live: list[CandidateBatch], max_hamming: int) -> None:
+    """Cache-aware layout: deduplication never drops a history message (a message said twice is two
+    events, and a hole would move the prompt's prefix). A candidate of another kind that repeats one
+    (the same text, or a near duplicate as the selection judges it) is left out instead, and the
+    history's own keys are cleared for the selection."""
+    history = next((b for b in live if b.category == SoftCategory.RECENT_MESSAGES), None)
+    if history is None:
+        return
+    keys, sims = np.asarray(history.exact_keys, np.uint64), np.asarray(history.simhashes, np.uint64)
+    sims_at = np.flatnonzero(sims)
+    for b in live:
+        if b is history:
+            continue
+        ex, sh = np.asarray(b.exact_keys, np.uint64), np.asarray(b.simhashes, np.uint64)
+        same = (ex[:, None] == keys[None, :]) & (ex[:, None] != 0)
+        near = np.bitwise_count(sh[:, None] ^ sims[None, sims_at]) <= max_hamming
+        near &= sh[:, None] != 0
+        of = np.where(same.any(1), same.argmax(1), np.where(near.any(1), sims_at[near.argmax(1)] if len(sims_at) else 0, -1))
+        repeats = np.flatnonzero(of >= 0).tolist()
+        if repeats:
+            b.exclude(set(repeats))
+            b.dropped = [*b.dropped, *(SourceDrop(b.sources[j], b.category, DROP_DUPLICATE, int(b.tokens[j]),
+                                                  history.sources[int(of[j])]) for j in repeats)]
+    history.exact_keys = np.zeros(len(history), np.uint64)  # new arrays: the tail's stay as they are
+    history.simhashes = np.zeros(len(history), np.uint64)
 
 
 SOFT_CATEGORIES = tuple(SoftCategory)  # iterating an enum class is slow on the hot path

@@ -2,10 +2,14 @@
 
 In the cache-aware layout the window starts where the rolling summary ends (the summary folds in
 blocks, so the start moves in blocks too) and, when what is left is more than the budget allows,
-at a multiple of STEP messages: consecutive calls share the whole history but its newest turns."""
+at the start of a block of history (half the room, counted in the tokens each message will keep):
+consecutive calls share the whole history but its newest turns. Tool results join the history after
+the message they followed: those of the current turn (since the user last spoke) as their view, earlier
+ones as their brief, so a turn's outputs shrink once, when the user speaks next, and then stay put."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -14,7 +18,7 @@ import fastpath
 from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory
 from sidecar.compress.trim import tool_header
 from sidecar.domain import Category, Role, ToolResult
-from sidecar.store.cache import MESSAGE_LINE_EXTRA
+from sidecar.store.cache import MAX_CACHED_TOOL_RESULTS, MESSAGE_LINE_EXTRA
 from sidecar.tokens import TokenCounter
 
 # Priority halves every this many turns back, so newer turns always outrank older ones.
@@ -22,8 +26,9 @@ HALF_LIFE_TURNS = 24.0
 # Consider at most this multiple of the category budget (older turns belong to the summary).
 WINDOW_FACTOR = 2
 MAX_WINDOW_MESSAGES = 400
-MAX_TOOL_ITEMS = 256  # a session's tool results' history items kept made (its view holds the newest 20)
-STEP = 8  # a window start forced by the budget moves by this many messages at once
+MAX_TOOL_ITEMS = 256  # a session's tool results' history items kept made (its view holds the newest ones)
+BLOCKS_PER_ROOM = 2  # a window start forced by the budget moves by this share of the room at once
+VIEW_RESERVE = 4  # a session with tool results keeps 1/4 of the room for the turn's views (one view's most)
 
 
 class MessageSource:
@@ -37,26 +42,18 @@ class MessageSource:
         summary = inp.view.summary
         room = inp.budget.recent_messages - (counter.plus_newline(summary.text, summary.tokens)
                                              if inp.cache_aware and summary and summary.text else 0)
-        # Cache-aware: the session's tool results belong to the history, each shown as it was recorded (its
-        # view, or its brief when the view would take over a quarter of the history's room).
-        tools = [_tool_item(inp.view.history_items, r, counter.of(r.view_text, r.view_tokens) <= room // 4, counter)
-                 for r in inp.view.tool_results] if inp.cache_aware else []
+        sizes = line_tokens + MESSAGE_LINE_EXTRA
+        if inp.cache_aware:
+            start, tools = _cache_aware_window(inp, tail, sizes, room)
+        else:  # more than the budget holds: the selector keeps the newest that fit
+            tools = []
+            within = int(np.searchsorted(np.cumsum(sizes[-MAX_WINDOW_MESSAGES:][::-1]), max(room * WINDOW_FACTOR, 1),
+                                         side="right"))
+            start = len(tail.messages) - max(within, 1)
         if not tail.messages:
             if tools:
                 _add_tools(_empty(batch), tools, tail, [])
             return [batch]
-        sizes = line_tokens + MESSAGE_LINE_EXTRA
-        if tools:  # what the tool results after each message take, charged to that message
-            anchor = np.searchsorted(tail.created, [t.at for t in tools], side="right") - 1
-            sizes = sizes + np.bincount(np.maximum(anchor, 0), [t.tokens for t in tools], len(tail.messages))
-        newest = sizes[-MAX_WINDOW_MESSAGES:][::-1]
-        # Cache-aware: only what the budget holds beside the summary, so the whole window is packed and its
-        # start is the prompt's (classic: more, the selector keeps the newest that fit).
-        within = int(np.searchsorted(np.cumsum(newest), max(room * (1 if inp.cache_aware else WINDOW_FACTOR), 1),
-                                     side="right"))
-        start = len(tail.messages) - max(within, 1)
-        if inp.cache_aware:
-            start = _stepped_start(tail, start, inp)
         window = tail.messages[start:]
         n = len(window)
         batch.texts = tail.lines[start:]
@@ -136,14 +133,75 @@ def _empty(batch: CandidateBatch) -> CandidateBatch:
     return batch
 
 
-def _stepped_start(tail, start: int, inp: BuildInput) -> int:
+def _cache_aware_window(inp: BuildInput, tail, sizes: np.ndarray, room: int) -> tuple[int, list[ToolItem]]:
+    """Where the history starts and how each of the session's tool results is shown: only what the room
+    holds beside the summary, so the whole window is packed and its start is the prompt's.
+
+    The start is chosen when the user speaks, by what each message keeps once its turn is over (its line
+    and its tool results' briefs, which never change), leaving a share of the room for the turn's own
+    tool loop: the model calls of one turn share the whole history, and the start moves (in blocks) only
+    at a user's turn, with the summary's folds. Only a turn that outgrows its share moves it within the
+    turn. The current turn's results are then shown as their views, newest first, while they fit (a view
+    over a quarter of the room never does)."""
+    results = inp.view.tool_results
+    briefs = [_tool_item(inp.view.history_items, r, False, inp.counter) for r in results]
+    n = len(tail.messages)
+    if not n:
+        return 0, _with_views(inp, results, briefs, range(len(results)), 0, room)
+    settled, first_held, anchor = sizes, 0, np.zeros(0, np.int64)
+    if results:  # each result follows the newest message stored before it (or in the same millisecond)
+        anchor = np.maximum(np.searchsorted(tail.created, [r.created_at_ms for r in results], side="right") - 1, 0)
+        settled = sizes + np.bincount(anchor, [b.tokens for b in briefs], n)
+        if len(results) >= MAX_CACHED_TOOL_RESULTS:  # older ones may have left the view: start after them
+            first_held = min(int(anchor[0]) + 1, n - 1)
+    turn = _turn_start(tail)
+    reserve = room // VIEW_RESERVE if results else 0  # for the turn's tool loop
+    at_turn = turn + 1 - _newest_within(settled[:turn + 1], room - reserve)  # chosen when the user spoke
+    fits = n - _newest_within(settled, room)  # what the whole turn needs
+    start = _stepped_start(tail, max(at_turn, fits, first_held), settled, room, inp)
+    current = np.flatnonzero(anchor >= turn).tolist()
+    return start, _with_views(inp, results, briefs, current, int(settled[start:].sum()), room)
+
+
+def _with_views(inp: BuildInput, results: list[ToolResult], briefs: list[ToolItem], current: Sequence[int],
+                used: int, room: int) -> list[ToolItem]:
+    """The results as shown: the current turn's (`current`) as their views, newest first, while they fit
+    beside the `used` tokens; every other one as its brief."""
+    tools = list(briefs)
+    for i in reversed(current):
+        view = _tool_item(inp.view.history_items, results[i], True, inp.counter)
+        extra = view.tokens - briefs[i].tokens
+        if view.tokens <= room // 4 and used + extra <= room:
+            tools[i], used = view, used + extra
+    return tools
+
+
+def _newest_within(sizes: np.ndarray, room: int) -> int:
+    """How many of the newest entries fit `room` (at least one)."""
+    return max(int(np.searchsorted(np.cumsum(sizes[-MAX_WINDOW_MESSAGES:][::-1]), max(room, 1), side="right")), 1)
+
+
+def _turn_start(tail) -> int:
+    """The newest user message's index (the newest message's before any)."""
+    for i in range(len(tail.messages) - 1, -1, -1):
+        if tail.messages[i].role == Role.USER:
+            return i
+    return len(tail.messages) - 1
+
+
+def _stepped_start(tail, start: int, settled: np.ndarray, room: int, inp: BuildInput) -> int:
     """The first message after the summary's coverage or, when the budget cannot hold everything since
-    then, the first later multiple of STEP messages (counted from the session's first message: a grid
-    that, unlike one in tokens, never moves when old tool results leave the view)."""
+    then, the first message at or after `start` that opens a block of the history: blocks of room /
+    BLOCKS_PER_ROOM tokens counted from the summary's end in what each message keeps once its turn is over
+    (a grid that stays put while the newest turn's tool results shrink to their briefs)."""
     summary = inp.view.summary
     covered = summary.covered_until_seq if summary is not None else 0
     after_summary = int(np.searchsorted(tail.seqs, covered, side="right")) if covered else 0
-    offset = tail.messages[0].seq - 1  # the tail may hold only the session's newest messages
     if start <= after_summary:
         return after_summary
-    return min(-(-(start + offset) // STEP) * STEP - offset, len(tail.messages) - 1)
+    block = max(room // BLOCKS_PER_ROOM, 1)
+    opens = np.cumsum(settled[after_summary:]) - settled[after_summary:]  # where each message starts
+    blocks = opens // block
+    firsts = np.flatnonzero(np.diff(blocks)) + 1 + after_summary  # messages that open a block
+    at = int(np.searchsorted(firsts, start))
+    return int(firsts[at]) if at < len(firsts) else len(tail.messages) - 1

@@ -3,6 +3,7 @@ that fold, the rolling session summary (a job after the turn), and sub-agent ses
 
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from sidecar.text import terms
 from sidecar.textmodel import Turn
 
 SUMMARY_JOB = "update_summary"
+FOLD_DOWN_TO = 0.5  # of the summary window: what a fold leaves verbatim
 MAX_TOOL_TEXT = 8 * 1024 * 1024
 MAX_NOTE_TEXT = 16 * 1024
 
@@ -147,14 +149,23 @@ class CompressionService:
         covered = view.summary.covered_until_seq if view.summary else 0
         window = self.settings.summary_window_tokens
         verbatim = [m for m in view.messages if m.seq > covered]
+        # What each turn keeps in the history: its line and the briefs of the tool results after it (the
+        # prompt's history shows a past turn's tool results as their briefs).
+        kept = [m.line_tokens + 1 for m in verbatim]
+        if verbatim and view.tool_results:
+            created = [m.created_at_ms for m in verbatim]
+            for r in view.tool_results:
+                at = bisect.bisect_right(created, r.created_at_ms) - 1
+                if at >= 0:
+                    kept[at] += r.brief_tokens
         # Fold in blocks: only once the verbatim turns outgrow the window, and then down to three quarters
         # of it, so the summary (and the prompt's prefix through the history) changes once per quarter
         # window, not after every turn.
         spent, cutoff = 0, 0
-        if sum(m.line_tokens + 1 for m in verbatim) > window:
-            for m in reversed(verbatim):
-                spent += m.line_tokens + 1
-                if spent > window * 3 // 4:
+        if sum(kept) > window:
+            for m, size in zip(reversed(verbatim), reversed(kept), strict=True):
+                spent += size
+                if spent > window * FOLD_DOWN_TO:
                     cutoff = m.seq
                     break
         fold = [m for m in verbatim if m.seq <= cutoff]

@@ -39,7 +39,7 @@ MAX_CACHED_SESSIONS = 20_000
 # Messages held by all cached views together: what keeps the cache's memory bounded when sessions
 # pile up (least recently used views go first; an evicted view is reloaded on its next read).
 MAX_CACHED_VIEW_MESSAGES = 100_000
-MAX_CACHED_TOOL_RESULTS = 20
+MAX_CACHED_TOOL_RESULTS = 32
 MESSAGE_LINE_EXTRA = 1  # the newline that separates a message line from the next one in a prompt
 
 log = logging.getLogger("sidecar.store")
