@@ -479,8 +479,9 @@ class Board:
 
 
 def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int] = BUDGETS, *,
-             commit: str = "turn", log=print) -> dict:
-    """Replay, ask, measure. Returns the figures (fractions 0-1, see Board.summary)."""
+             commit: str = "turn", log=print, maps: dict[int, dict[str, str]] | None = None) -> dict:
+    """Replay, ask, measure. Returns the figures (fractions 0-1, see Board.summary); `maps` receives
+    each conversation's message_id -> dia_id."""
     board = Board()
     latencies: dict[int, list[float]] = {b: [] for b in budgets}
     # A question's first call (its first budget) embeds the query and ranks the past turns; the same
@@ -496,6 +497,8 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
         by_message = ingest(stub, conv, commit)
         wait_jobs(stub, conv)
         spent = time.perf_counter() - t0
+        if maps is not None:
+            maps[conv.index] = by_message
         ingest_s += spent
         ingested += len(by_message)
         for kind, items in conv.issues.items():
@@ -567,6 +570,16 @@ def served_new_questions(db: str, convs: Sequence[Conversation], serve_args: lis
 
 
 # ---------------------------------------------------------------------------------------- offline
+def keep_replay(cache: Path, db: Path, maps: dict[int, dict[str, str]], profile: str) -> None:
+    """Keep a served run's database and message maps where offline_app looks for them."""
+    cache.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(db, cache / f"recall-{profile}.duckdb")
+    wal = db.with_name(db.name + ".wal")  # what a server stopped before its checkpoint still holds
+    if wal.exists():
+        shutil.copyfile(wal, cache / f"recall-{profile}.duckdb.wal")
+    (cache / f"recall-{profile}.maps.json").write_text(json.dumps(maps))
+
+
 def offline_app(cache: Path, convs: Sequence[Conversation], profile: str = "default", log=print):
     """(app, message_id -> dia_id per conversation): an in-process sidecar whose database was replayed
     once through gRPC (CommitTurn per turn, as evaluate() does) and kept under `cache`, so ranking
@@ -856,6 +869,8 @@ def main() -> None:
     parser.add_argument("--commit", choices=("turn", "session"), default="turn")
     parser.add_argument("--offline", metavar="CACHE_DIR",
                         help="tuning: replay once into CACHE_DIR, then call BuildContext in process (no results written)")
+    parser.add_argument("--keep", metavar="CACHE_DIR",
+                        help="keep the replayed database in CACHE_DIR, where --offline finds it (one replay for both)")
     parser.add_argument("--ranking", action="append", default=[],
                         help="with --offline: episodic knobs, e.g. neighbours=3,dense_weight=0.1; given more than once, "
                              "each is evaluated and `best_of` says what picking the best of them per question would recall")
@@ -893,11 +908,14 @@ def main() -> None:
     before = yardstick_ms()
     serve_args = ["--embedder", "minilm" if args.profile == "model" else "hash"]
     server = ServerProcess(serve_args)
+    maps: dict[int, dict[str, str]] = {}
     try:
         try:
-            figures = evaluate(server.stub, convs, budgets, commit=args.commit)
+            figures = evaluate(server.stub, convs, budgets, commit=args.commit, maps=maps)
         finally:
             server.stop()
+        if args.keep:
+            keep_replay(Path(args.keep), Path(server.tmp) / "bench.duckdb", maps, args.profile)
         figures["yardstick_ms"] = {"start": before, "end": yardstick_ms()}
         # LongMemEval asks each user one question: served again, each first call would time its user's
         # index being rebuilt, so evaluate()'s first calls are its new-question latency.
