@@ -3,6 +3,13 @@ throughput with 8 concurrent callers, a naive count-everything-then-trim baselin
 optimum, and the transport floor: a bare gRPC server answering with the same response bytes and no
 work.
 
+Cold users (issue #34), in process: users with ~500 LongMemEval turns each (read from ../shared, or
+long synthetic turns made here when the data is missing) are replayed, the sidecar is closed and
+opened again on the same database, and each user asks a new question (freshly loaded); then, in
+rounds, every user is evicted from memory (as the least recently used are) and asks another new
+question: `cold_user_first_build_p50_ms` / `_p99_ms`. `warm_new_query_p50_ms`: a user still in
+memory asks a question not asked before.
+
 Throughput comes from the compiled Go load generator (clients/go/cmd/loadgen, built here once by
 clients/go/build.sh) when the Go toolchain is installed (clients/install-toolchains.sh go): on a
 machine with 2+ cores the server (the sidecar, then the floor) runs on one core (`--cpus`, as
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -25,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import fastpath_bench
@@ -126,6 +135,109 @@ def serve_floor(listen: str, payload_path: str) -> None:
     asyncio.run(run())
 
 
+COLD_SESSIONS = 50  # a synthetic user (no LongMemEval data): ~500 turns in 50 sessions of 10
+_WORDS = ("trip garden recipe guitar budget apartment marathon camera museum coffee lecture vaccine "
+          "printer salmon novel hiking invoice laptop violin festival sofa ticket puppy cousin yoga "
+          "mortgage paint glacier bakery podcast chess kayak lantern orchid telescope quilt").split()
+
+
+def synthetic_users(n: int) -> list[tuple[str, list[list[tuple[bool, str, int]]], list[str]]]:
+    """n users of ~500 long turns (user ~80 words, assistant ~300, as LongMemEval's), the same every
+    run: (user id, sessions of (is_user, text, timestamp_ms), questions)."""
+    out = []
+    for u in range(n):
+        rng = random.Random(1000 + u)
+        sessions, at = [], 1_684_000_000_000
+        for _ in range(COLD_SESSIONS):
+            at += rng.randint(1, 5) * 86_400_000
+            turns = []
+            for i in range(10):
+                words = rng.choices(_WORDS, k=80 if i % 2 == 0 else 300)
+                text = " ".join(words).capitalize() + "."
+                turns.append((i % 2 == 0, ("I think " if i % 2 == 0 else "") + text, at + i * 1000))
+            sessions.append(turns)
+        questions = [f"What did I say about the {a} and the {b}?" for a, b in
+                     itertools.islice(zip(rng.sample(_WORDS, 12), rng.sample(_WORDS, 12), strict=True), 12)]
+        out.append((f"synthetic-{u}", sessions, questions))
+    return out
+
+
+def longmemeval_users(n: int):
+    """The first n LongMemEval users (one question's haystack each, ~500 turns) in the shape of
+    synthetic_users, the other users' questions given to each as more new questions; None without
+    the data."""
+    import recall
+
+    path = recall.DEFAULT_DATA["longmemeval"]
+    if not path.exists():
+        return None
+    convs = recall.load_longmemeval(recall.read_data(path))
+    others = [q.text for c in convs[n:] for q in c.questions]
+    out = []
+    for conv in convs[:n]:
+        sessions = [[(t.role is Role.USER, t.text, t.timestamp_ms) for t in conv.sessions[k]] for k in sorted(conv.sessions)]
+        out.append((conv.user_id, sessions, [q.text for q in conv.questions] + others))
+    return out
+
+
+def cold_users(quick: bool) -> dict:
+    """What a user's first question costs when their past is not in memory, and a warm user's new
+    question (see the module's docstring). The first user only warms the process up."""
+    n_users, rounds, warm_asks = (3, 5, 6) if quick else (12, 6, 10)
+    users = longmemeval_users(n_users + 1)
+    data = "longmemeval" if users is not None else "synthetic"
+    if users is None:
+        users = synthetic_users(n_users + 1)
+    # Questions not asked before by anyone: each user's own first, then the others' in turn.
+    pool = list(dict.fromkeys(q for _, _, qs in users for q in qs))
+    db = tempfile.mkdtemp(prefix="sidecar-cold-") + "/cold.duckdb"
+    app = Sidecar(db)
+    turns = []
+    for uid, sessions, _ in users:
+        scope = Scope("cold", uid)
+        jobs = []
+        for k, session in enumerate(sessions):
+            sid = app.sessions.create(scope, f"s{k}", "", {}).session_id
+            app.sessions.append(scope, sid, [NewMessage(role=Role.USER if mine else Role.ASSISTANT, text=text,
+                                                        client_timestamp_ms=at) for mine, text, at in session])
+            jobs += app.turns.commit(scope, sid, [])
+        app.worker.wait(scope, jobs, 300)
+        app.sessions.create(scope, "ask", "", {})
+        turns.append(sum(map(len, sessions)))
+    app.close()
+    app = Sidecar(db)  # freshly loaded: no user in memory
+    app._episodic_warm_up.join()  # a serving process has long finished its start-up work
+
+    asked: dict[str, set[str]] = {uid: set() for uid, _, _ in users}
+
+    def ask(uid: str, own: list[str]) -> float:
+        query = next(q for q in itertools.chain(own, pool) if q not in asked[uid])
+        asked[uid].add(query)
+        req = BuildRequest(session_id="ask", query=query)
+        t = time.perf_counter()
+        convert.build_response(app.builder.build(Scope("cold", uid), req), 0).SerializeToString()
+        return time.perf_counter() - t
+
+    ask(users[0][0], users[0][2])  # the process's first call
+    measured = users[1:]
+    cold = [ask(uid, qs) for uid, _, qs in measured]
+    for _ in range(rounds - 1):
+        for uid, _, qs in measured:
+            scope = Scope("cold", uid)
+            app.episodic.evict(scope)
+            app.memories.invalidate(scope)
+            app.store.evict_user(scope)
+            cold.append(ask(uid, qs))
+    warm = [ask(uid, qs) for _ in range(warm_asks) for uid, _, qs in measured]
+    app.close()
+    shutil.rmtree(Path(db).parent, ignore_errors=True)
+    cold_stats, warm_stats = percentiles(cold), percentiles(warm)
+    return {"cold_user_first_build_p50_ms": cold_stats["p50_ms"], "cold_user_first_build_p99_ms": cold_stats["p99_ms"],
+            "warm_new_query_p50_ms": warm_stats["p50_ms"], "warm_new_query_p99_ms": warm_stats["p99_ms"],
+            "cold_users": len(measured), "cold_user_turns": round(sum(turns[1:]) / len(measured)),
+            "cold_user_data": data, "cold_samples": len(cold)}
+
+
 CALLERS = 8
 GO_BUILD = ROOT / "clients" / "go" / "build.sh"
 GO_LOADGEN = ROOT / "clients" / "go" / "build" / "bin" / "sidecar-loadgen"
@@ -219,7 +331,10 @@ def main() -> None:
     parser.add_argument("--cpus", help=argparse.SUPPRESS)  # the server's CPUs, as `serve --cpus`
     parser.add_argument("--python-load", action="store_true",
                         help="measure throughput with Python client threads even when Go is installed")
+    parser.add_argument("--cold-only", action="store_true", help="only the cold-user figures (cold_users)")
     args, _ = parser.parse_known_args()
+    if args.cold_only:
+        return emit(cold_users(args.quick))
     if (args.floor or args.serve) and args.cpus:
         from sidecar.cli import cpu_list, pin_to
 
@@ -281,6 +396,7 @@ def main() -> None:
     floor_stats, floor_load, _ = grpc_figures([sys.executable, __file__, "--floor", str(payload), *pin],
                                              lambda stub: grpc_request("floor"), n, seconds, loadgen, client_cpu)
 
+    cold = cold_users(args.quick)
     quality = round(fastpath_bench.greedy_vs_optimum(fastpath, random.Random(3), 60 if args.quick else 200), 4)
     figures = {
         "candidates": candidates,
@@ -305,6 +421,7 @@ def main() -> None:
         "floor_server_cpu_ms_per_call": floor_load["server_cpu_ms"], "baseline_p50_ms": baseline_stats["p50_ms"],
         "baseline_vs_inproc": round(baseline_stats["p50_ms"] / inproc_stats["p50_ms"], 1),
         "greedy_vs_optimum": quality,
+        **cold,
     }
     print(f"{candidates} candidates; fastpath {compiled_t} ms vs reference {reference_t} ms; in-process p50 "
           f"{figures['inproc_p50_ms']} ms; gRPC p50 {figures['grpc_p50_ms']} ms p99 {figures['grpc_p99_ms']} ms; "
@@ -315,7 +432,10 @@ def main() -> None:
           f"{floor_stats['p50_ms']} ms, {floor_load['rps']} calls/s (CPU per call: client "
           f"{floor_load['client_cpu_ms']} ms, server {floor_load['server_cpu_ms']} ms); sidecar/floor throughput "
           f"{figures['throughput_vs_floor']}; naive baseline p50 "
-          f"{figures['baseline_p50_ms']} ms")
+          f"{figures['baseline_p50_ms']} ms; a cold user's first question ({cold['cold_user_turns']} "
+          f"{cold['cold_user_data']} turns) p50 {cold['cold_user_first_build_p50_ms']} ms p99 "
+          f"{cold['cold_user_first_build_p99_ms']} ms, a warm user's new question p50 "
+          f"{cold['warm_new_query_p50_ms']} ms")
     emit(figures)
 
 

@@ -4,7 +4,9 @@
 Per (tenant, user) an in-process index: BM25 postings over stemmed terms, dense vectors (static
 word vectors joined with hashed n-grams, sidecar.index.word_vectors; or the local model's), and
 each turn's same-session neighbours. It is kept current by the store's append listener and
-built from rows the first time a user is seen. Never searched across users.
+built from rows the first time a user is seen; beside a DuckDB file it is saved when the user leaves
+memory (evicted, or the process closing) and restored on their next call while their rows are
+unchanged (EpisodicSource._save / _restore). Never searched across users.
 
 Ranking (no model at run time, see bench/recall.py for what each part adds): BM25 of the turn plus
 its same-session neighbours with decaying weights (a fact is often spread over question and answer),
@@ -32,16 +34,21 @@ only cuts it to its budget."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import itertools
 import logging
 import math
+import os
+import pickle
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from operator import itemgetter
+from pathlib import Path
 
 import numpy as np
 
@@ -590,6 +597,9 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
 
     def __post_init__(self) -> None:
         self.serial = next(_SERIALS)  # names this index in _RankedCache (never reused, unlike id())
+        # A restored index (restore()) keeps its postings, per-turn terms and capitalised words in the
+        # compact arrays it was saved as until a turn is added or it is compacted (_thaw).
+        self._frozen: dict | None = None
         self._win_key: tuple | None = None  # (rows, decay) the cached window length norm is for
         self._win_norm = np.zeros(0, np.float32)
         self._said_rows: set[int] = set()  # _said(): the table rows (_stem_vectors) of the stems the user says
@@ -651,6 +661,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         fresh = [m for m in messages if m.role in INDEXED_ROLES and m.message_id not in self.known and m.text]
         if not fresh:
             return 0
+        self._thaw()
         texts = [render_turn(m.speaker, m.role, m.text, m.timestamp_ms, dated=self.dated) for m in fresh]
         start = len(self.ids)
         self._grow(start + len(fresh))
@@ -768,6 +779,7 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         no text parsed, embedded or counted again), so dropping a user's oldest turns costs
         milliseconds, not a rebuild. A kept turn keeps its place in its session (position and the
         session's month); a neighbour that was dropped is no neighbour any more."""
+        self._thaw()
         n = len(self) - start
         out = _UserIndex(dim=self.dim, cap=max(n, 1), window=self.window, dated=self.dated, context=self.context,
                          context_chars=self.context_chars, context_mix=self.context_mix)
@@ -792,6 +804,72 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         out.hidden = self.hidden & out.known
         return out
 
+    def freeze(self, meta: tuple) -> bytes:
+        """The index as bytes (EpisodicSource's snapshots), mostly arrays so that restore() makes few
+        objects; `meta` (what it was built with) must match for it to be restored. Left out: the
+        hidden turns (read from the store on load), the items' bytes and lazy caches."""
+        self._thaw()
+        n, words = len(self.ids), self.words
+        said = self._said()
+        sizes = [len(self.postings[w][0]) for w in words]
+        total = sum(sizes)
+        state = {
+            "meta": meta, "n": n, "ids": self.ids, "sessions": self.sessions, "texts": self.texts,
+            "session_rows": self.session_rows, "speakers": self.speakers, "name_words": self.name_words,
+            "day_items": self.day_items, "total_len": self.total_len, "words": "\n".join(words),
+            "said": np.fromiter(said, np.int32, len(said)),
+            "caps": "\x1e".join("\x1f".join(c) for c in self.row_caps),
+            "term_tf": np.fromiter(itertools.chain.from_iterable(self.row_tfs), np.int32, int(self.term_ptr[n])),
+            "post_ptr": np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]),
+            "post_rows": np.fromiter(itertools.chain.from_iterable(self.postings[w][0] for w in words), np.int64, total),
+            "post_tfs": np.fromiter(itertools.chain.from_iterable(self.postings[w][1] for w in words), np.int32, total),
+            "term_df": self.term_df[:len(words)], "term_at": self.term_at[:int(self.term_ptr[n])],
+            "term_ptr": self.term_ptr[:n + 1],
+            **{name: getattr(self, name)[:n] for name in (*_ROW_ARRAYS, "session_of", "nbr")},
+        }
+        return pickle.dumps(state, protocol=5)
+
+    @classmethod
+    def restore(cls, blob: bytes, meta: tuple) -> _UserIndex | None:
+        """An index saved by freeze() with this `meta`, else None."""
+        state = pickle.loads(blob)  # noqa: S301  # written by this process's freeze(), in its own directory
+        if state.get("meta") != meta:
+            return None
+        dim, window, dated, context, context_chars, context_mix = meta[1:7]
+        n = state["n"]
+        out = cls(dim=dim, cap=1, window=window, dated=dated, context=context, context_chars=context_chars,
+                  context_mix=context_mix)
+        out.cap = n
+        for name in (*_ROW_ARRAYS, "session_of", "nbr", "term_df", "term_at", "term_ptr"):
+            setattr(out, name, state[name])
+        out.ids, out.sessions, out.texts = state["ids"], state["sessions"], state["texts"]
+        out.session_rows, out.speakers, out.name_words = state["session_rows"], state["speakers"], state["name_words"]
+        out.day_items, out.total_len = state["day_items"], state["total_len"]
+        out.words = state["words"].split("\n") if state["words"] else []
+        out.vocab = dict(zip(out.words, range(len(out.words)), strict=True))
+        out.known = set(out.ids)
+        out.sources = ["message:" + mid for mid in out.ids]
+        out.bodies = [None] * n
+        out._said_rows, out._said_upto = set(state["said"].tolist()), len(out.words)
+        out._frozen = {k: state[k] for k in ("caps", "term_tf", "post_ptr", "post_rows", "post_tfs")}
+        return out
+
+    def _thaw(self) -> None:
+        """Make the postings, per-turn terms and capitalised words of a restored index Python lists
+        again, as add() and compacted() extend and read them."""
+        f = self._frozen
+        if f is None:
+            return
+        n, words = len(self.ids), self.words
+        ptr, rows, tfs = f["post_ptr"].tolist(), f["post_rows"].tolist(), f["post_tfs"].tolist()
+        self.postings = {w: (rows[ptr[i]:ptr[i + 1]], tfs[ptr[i]:ptr[i + 1]]) for i, w in enumerate(words)}
+        at, tp, tf = self.term_at.tolist(), self.term_ptr.tolist(), f["term_tf"].tolist()
+        self.row_terms = [tuple(words[i] for i in at[tp[r]:tp[r + 1]]) for r in range(n)]
+        self.row_tfs = [tuple(tf[tp[r]:tp[r + 1]]) for r in range(n)]
+        self.row_caps = [tuple(c.split("\x1f")) if c else () for c in f["caps"].split("\x1e")] if n else []
+        self.arrays = {}
+        self._frozen = None
+
     def bm25(self, query_terms: Sequence[str], k1: float = BM25_K1, b: float = BM25_B) -> np.ndarray:
         n = len(self.ids)
         acc = np.zeros(n + 1, np.float32)  # + 1: a zero sentinel that "no neighbour" (-1) points at
@@ -809,7 +887,14 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
 
     def _arrays(self, t: str) -> tuple[np.ndarray, np.ndarray] | None:
         arrays = self.arrays.get(t)
-        if arrays is None:
+        if arrays is None and self._frozen is not None:
+            tid = self.vocab.get(t)
+            if tid is None:
+                return None
+            f = self._frozen
+            lo, hi = int(f["post_ptr"][tid]), int(f["post_ptr"][tid + 1])
+            arrays = self.arrays[t] = (f["post_rows"][lo:hi], f["post_tfs"][lo:hi].astype(np.float32))
+        elif arrays is None:
             posting = self.postings.get(t)
             if posting is None:
                 return None
@@ -1093,6 +1178,9 @@ class EpisodicSource:
         self._ranked = _RankedCache()
         self._lock = threading.RLock()
         self._closing = threading.Event()
+        # Users' indexes saved when they leave memory (evicted, or the process closing) and restored
+        # on their next call instead of rebuilt from rows; names of the files that are current.
+        self._snapshot_dir, self._snapshots = _open_snapshots(snapshot_dir(store))
         # The app's MemoryService.superseded_turns: turns a superseded memory was learnt from are
         # marked when recalled and never outrank the current memory's turns.
         self.superseded_turns: Callable[[Scope], dict[str, SupersededTurn]] | None = None
@@ -1112,8 +1200,21 @@ class EpisodicSource:
             precompute_similar(r.similar_min, self._closing.is_set)
 
     def close(self) -> None:
-        """Stop the warm-up (the app joins its thread before the process exits)."""
+        """Stop the warm-up (the app joins its thread before the process exits) and save the indexes
+        of the users in memory (for at most SAVE_AT_CLOSE_S), so they are restored after a restart."""
         self._closing.set()
+        if self._snapshot_dir is None:
+            return
+        deadline = time.monotonic() + SAVE_AT_CLOSE_S
+        with self._lock:
+            for key, state in reversed(self._users.items()):  # the most recently used first
+                if time.monotonic() > deadline:
+                    break
+                self._save(key, state)
+            try:
+                (self._snapshot_dir / CLEAN_MARK).touch()
+            except OSError:
+                log.warning("episodic snapshots: could not mark them current; rebuilt from rows next start")
 
     def use_model(self, embedder: Embedder, ranking: Ranking = MODEL_RANKING) -> None:
         """Rank with a model embedder and the ranking tuned for one; indexes are rebuilt from rows."""
@@ -1147,9 +1248,13 @@ class EpisodicSource:
             state = self._users.get(key)
             try:
                 if state is None:
+                    self._discard(key)  # it lacks these turns
                     self._load(scope)
                     return
-                if state.add(messages, self.embedder, self.ranking.stem) and len(state) > self.max_turns_per_user:
+                added = state.add(messages, self.embedder, self.ranking.stem)
+                if added:
+                    self._discard(key)
+                if added and len(state) > self.max_turns_per_user:
                     # Keep the newest three quarters, so the next compaction is a quarter of the cap away.
                     self._users[key] = state.compacted(len(state) - self.max_turns_per_user * 3 // 4)
                     self._ranked.drop(state)
@@ -1176,18 +1281,29 @@ class EpisodicSource:
                 self._ranked.drop(state)
 
     def drop_user(self, scope: Scope) -> None:
-        """Forget the user's in-memory index (rebuilt from rows when next needed)."""
+        """Forget the user's in-memory index and its snapshot (rebuilt from rows when next needed)."""
         with self._lock:
             state = self._users.pop((scope.tenant_id, scope.user_id), None)
             if state is not None:
                 self._ranked.drop(state)
+            self._discard((scope.tenant_id, scope.user_id))
+
+    def evict(self, scope: Scope) -> None:
+        """Let the user's index go as the least recently used do (_bound): saved, their rows unchanged."""
+        with self._lock:
+            key = (scope.tenant_id, scope.user_id)
+            state = self._users.pop(key, None)
+            if state is not None:
+                self._ranked.drop(state)
+                self._save(key, state)
 
     def forget(self, scope: Scope) -> dict[str, int]:
-        """ForgetUser hook: drop the user's index (their rows are deleted by the store)."""
+        """ForgetUser hook: drop the user's index and its snapshot (their rows are deleted by the store)."""
         with self._lock:
             state = self._users.pop((scope.tenant_id, scope.user_id), None)
             if state is not None:
                 self._ranked.drop(state)  # the rankings hold the user's questions
+            self._discard((scope.tenant_id, scope.user_id))
             return {"episodic_index": len(state) if state else 0}
 
     def indexed(self, scope: Scope) -> int:
@@ -1198,14 +1314,16 @@ class EpisodicSource:
     def _load(self, scope: Scope) -> _UserIndex:
         key = (scope.tenant_id, scope.user_id)
         window, date_headers, context, context_chars, context_mix, stemmed = _index_knobs(self.ranking)
-        state = _UserIndex(dim=self.dim, window=window, dated=not date_headers, context=context,
-                           context_chars=context_chars, context_mix=context_mix)
-        # Read no more than the cap allows (a long history must not make this slower over time); past
-        # the cap keep the newest three quarters, so the next compaction is a quarter of the cap away.
-        rows = self._rows(scope, self.max_turns_per_user + 1)
-        if len(rows) > self.max_turns_per_user:
-            rows = rows[-(self.max_turns_per_user * 3 // 4):]
-        state.add(rows, self.embedder, stemmed)
+        state = self._restore(key)
+        if state is None:
+            state = _UserIndex(dim=self.dim, window=window, dated=not date_headers, context=context,
+                               context_chars=context_chars, context_mix=context_mix)
+            # Read no more than the cap allows (a long history must not make this slower over time); past
+            # the cap keep the newest three quarters, so the next compaction is a quarter of the cap away.
+            rows = self._rows(scope, self.max_turns_per_user + 1)
+            if len(rows) > self.max_turns_per_user:
+                rows = rows[-(self.max_turns_per_user * 3 // 4):]
+            state.add(rows, self.embedder, stemmed)
         state.hide(self.store.recall_exclusions(scope))
         old = self._users.pop(key, None)
         if old is not None:
@@ -1224,7 +1342,52 @@ class EpisodicSource:
                 victim = next(iter(self._users))
             gone = self._users.pop(victim)
             self._ranked.drop(gone)
+            self._save(victim, gone)
             total -= len(gone)
+
+    # ------------------------------------------------------------------ snapshots
+    def _meta(self) -> tuple:
+        """What a saved index must have been built with to be restored (see _UserIndex.freeze)."""
+        window, date_headers, context, context_chars, context_mix, stemmed = _index_knobs(self.ranking)
+        return (SNAPSHOT_VERSION, self.dim, window, not date_headers, context, context_chars, context_mix,
+                stemmed, self.embedder.name, self.max_turns_per_user)
+
+    def _save(self, key: tuple[str, str], state: _UserIndex) -> None:
+        """Save a user's index that leaves memory, unless its snapshot is current (held under the lock,
+        like every change of _snapshots: a file is current exactly while its name is there)."""
+        name = _snapshot_name(key)
+        if self._snapshot_dir is None or name in self._snapshots or not len(state):
+            return
+        path = self._snapshot_dir / name
+        try:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(state.freeze(self._meta()))
+            os.replace(tmp, path)
+        except Exception:
+            log.exception("episodic snapshot not saved; the user is rebuilt from rows on next use")
+            return
+        self._snapshots.add(name)
+
+    def _restore(self, key: tuple[str, str]) -> _UserIndex | None:
+        name = _snapshot_name(key)
+        if self._snapshot_dir is None or name not in self._snapshots:
+            return None
+        try:
+            state = _UserIndex.restore((self._snapshot_dir / name).read_bytes(), self._meta())
+        except Exception:
+            log.exception("episodic snapshot unreadable; the user is rebuilt from rows")
+            state = None
+        if state is None:
+            self._discard(key)
+        return state
+
+    def _discard(self, key: tuple[str, str]) -> None:
+        """The user's rows changed (or are gone): their snapshot, if any, is deleted."""
+        name = _snapshot_name(key)
+        if self._snapshot_dir is None or name not in self._snapshots:
+            return
+        self._snapshots.discard(name)
+        (self._snapshot_dir / name).unlink(missing_ok=True)
 
     def indexed_total(self) -> int:
         with self._lock:
@@ -1396,6 +1559,47 @@ def _best_first(score: np.ndarray, most: int) -> tuple[np.ndarray, np.ndarray]:
     live = np.where(np.isfinite(score) & (score > 0), score, -1.0)
     order = fastpath.ranking_order(live)[:min(int(np.count_nonzero(live > 0)), most)]
     return order, score[order]
+
+
+SNAPSHOT_VERSION = 1
+SAVE_AT_CLOSE_S = 10.0  # at close, users' indexes are saved for at most this long (the rest rebuild from rows)
+CLEAN_MARK = "CLEAN"  # written at close once every saved snapshot is current
+
+
+def snapshot_dir(store) -> Path | None:
+    """Where users' indexes are saved: beside a DuckDB file. None for an in-memory database and a
+    shared PostgreSQL store (another replica may change a user's rows: each rebuilds from rows)."""
+    path = getattr(getattr(store, "backend", store), "path", None)
+    if not isinstance(path, str) or not path or path == ":memory:":
+        return None
+    return Path(path).with_suffix(".episodic")
+
+
+def _open_snapshots(directory: Path | None) -> tuple[Path | None, set[str]]:
+    """(the directory, or None where it cannot be used; the snapshots a clean close left current).
+    After a crash (no mark) none is trusted: all are deleted. The mark goes at once: it is written
+    again only by the next clean close."""
+    if directory is None:
+        return None, set()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        mark = directory / CLEAN_MARK
+        clean = mark.exists()
+        mark.unlink(missing_ok=True)
+        names = set()
+        for path in directory.iterdir():
+            if clean and path.suffix == ".snap":
+                names.add(path.name)
+            elif path.is_file():
+                path.unlink(missing_ok=True)
+        return directory, names
+    except OSError:
+        log.exception("episodic snapshots unavailable in %s", directory)
+        return None, set()
+
+
+def _snapshot_name(key: tuple[str, str]) -> str:
+    return hashlib.sha256("\0".join(key).encode()).hexdigest()[:40] + ".snap"
 
 
 class _RankedCache:

@@ -1,0 +1,153 @@
+"""Episodic snapshots: a user's index saved when it leaves memory is restored, instead of rebuilt from
+rows, exactly as it was (same rankings, same growth), and only while it is current: new turns, a
+deletion, forgetting, other knobs or a crash leave nothing stale behind."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+import fastpath
+from sidecar.domain import Message, Role, Scope
+from sidecar.index.embedders import HashEmbedder
+from sidecar.memory.episodic import CLEAN_MARK, DEFAULT_RANKING, EpisodicSource, _UserIndex
+
+SCOPE = Scope("t", "u")
+QUERIES = ("What did Ann paint by the lake in May 2023?", "guitar concert", "When did Bob go hiking?",
+           "What activities does Ann like?")
+
+
+def _turns(n_sessions: int, per_session: int, first: int = 0) -> list[Message]:
+    words = "camping lake bakery shift guitar turtle painting soccer recipe garden hiking concert".split()
+    out = []
+    for s in range(first, first + n_sessions):
+        for k in range(per_session):
+            i = s * per_session + k
+            day = 1_683_504_000_000 + s * 86_400_000 * 3
+            text = f"I took my {words[i % 12]} to Paris and {words[(i * 5) % 12]} with you, note{i % 7}."
+            out.append(Message(f"m{i}", f"s{s}", k + 1, Role.USER if k % 2 == 0 else Role.ASSISTANT, text, "", "",
+                               day + k * 60_000, day, 0, 0, speaker="Ann" if k % 2 == 0 else "Bob"))
+    return out
+
+
+def _meta() -> tuple:
+    return ("test", 64, 4, False, 1, 400, 0.5)
+
+
+def _index(turns: list[Message]) -> _UserIndex:
+    state = _UserIndex(dim=64, window=4, dated=False, context=1)
+    state.add(turns, HashEmbedder(64), True)
+    return state
+
+
+def _ranks(state: _UserIndex, r=DEFAULT_RANKING) -> list[np.ndarray]:
+    return [state.rank(q, fastpath.hash_embed([q], 64)[0], "s1", r) for q in QUERIES]
+
+
+def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_a_restored_index_ranks_and_grows_exactly_like_the_saved_one():
+    turns = _turns(5, 8)
+    saved = _index(turns)
+    _ranks(saved)  # its lazy caches filled: they are not what is saved
+    restored = _UserIndex.restore(saved.freeze(_meta()), _meta())
+    assert restored is not None and restored.serial != saved.serial
+    other = replace(DEFAULT_RANKING, proper_boost=0.6, opener_boost=0.0, self_boost=0.5)
+    assert _same(_ranks(restored), _ranks(saved)) and _same(_ranks(restored, other), _ranks(saved, other))
+    rows = list(range(len(saved)))
+    assert restored.item_bodies(rows) == saved.item_bodies(rows) and restored.sources == saved.sources
+    # Growing it makes its postings and per-turn terms lists again: then it is the index built from all rows.
+    more = _turns(2, 8, first=5)
+    restored.add(more, HashEmbedder(64), True)
+    fresh = _index(turns + more)
+    assert restored.postings == fresh.postings and restored.row_terms == fresh.row_terms
+    assert restored.row_tfs == fresh.row_tfs and restored.row_caps == fresh.row_caps
+    assert _same(_ranks(restored), _ranks(fresh))
+    # And so is a compaction of a restored index.
+    again = _UserIndex.restore(fresh.freeze(_meta()), _meta())
+    assert _same(_ranks(again.compacted(16)), _ranks(fresh.compacted(16)))
+
+
+def test_a_snapshot_of_other_knobs_is_not_restored():
+    blob = _index(_turns(2, 4)).freeze(_meta())
+    assert _UserIndex.restore(blob, (*_meta()[:-1], 0.7)) is None
+
+
+class _FileStore:
+    """The store calls EpisodicSource makes, over a list of turns, with a database file's path."""
+
+    def __init__(self, turns: list[Message], path: Path) -> None:
+        self.turns, self.path, self.reads = turns, str(path), 0
+
+    def list_user_messages(self, scope, roles, newest):
+        self.reads += 1
+        return self.turns[-newest:]
+
+    def recall_exclusions(self, scope):
+        return set()
+
+    def session_view(self, scope, session_id):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(session=SimpleNamespace(parent_session_id=""))
+
+
+def _files(store: _FileStore) -> list[str]:
+    return sorted(p.name for p in Path(store.path).with_suffix(".episodic").iterdir())
+
+
+def test_snapshots_are_saved_on_eviction_and_close_and_dropped_when_the_rows_change(tmp_path):
+    turns = _turns(4, 6)
+    store = _FileStore(turns[:18], tmp_path / "db.duckdb")
+    source = EpisodicSource(store, HashEmbedder(64))
+    query = "guitar by the lake"
+    _, rows, rel = source.search(SCOPE, query, "", 4000)
+    assert store.reads == 1 and _files(store) == []
+    source.evict(SCOPE)
+    assert len(_files(store)) == 1
+    _, again, rel_again = source.search(SCOPE, query, "", 4000)
+    assert store.reads == 1 and np.array_equal(again, rows) and np.array_equal(rel_again, rel)  # restored
+    # New turns: the snapshot lacks them, so it goes (also for a user not in memory).
+    store.turns = turns
+    source.on_append(SCOPE, "s3", turns[18:])
+    assert _files(store) == []
+    source.evict(SCOPE)
+    assert len(_files(store)) == 1
+    store.turns = turns + _turns(1, 6, first=4)
+    source.on_append(SCOPE, "s4", store.turns[24:])  # the user is not in memory: loaded from rows
+    assert _files(store) == [] and store.reads == 2 and source.indexed(SCOPE) == 30
+    for gone in (source.drop_user, source.forget):  # a deletion, ForgetUser
+        source.search(SCOPE, query, "", 4000)
+        source.evict(SCOPE)
+        assert len(_files(store)) == 1
+        source.search(SCOPE, query, "", 4000)
+        gone(SCOPE)
+        assert _files(store) == []
+    # A clean close saves the users in memory; the next process restores them without reading rows.
+    _, rows, _ = source.search(SCOPE, query, "", 4000)
+    source.close()
+    assert CLEAN_MARK in _files(store)
+    reads = store.reads
+    reopened = EpisodicSource(store, HashEmbedder(64))
+    assert CLEAN_MARK not in _files(store)
+    assert np.array_equal(reopened.search(SCOPE, query, "", 4000)[1], rows) and store.reads == reads
+    # After a crash (no clean close) no snapshot is trusted.
+    reopened.evict(SCOPE)
+    assert len(_files(store)) == 1
+    crashed = EpisodicSource(store, HashEmbedder(64))
+    assert _files(store) == []
+    assert np.array_equal(crashed.search(SCOPE, query, "", 4000)[1], rows) and store.reads == reads + 1
+
+
+def test_no_snapshots_without_a_database_file():
+    store = _FileStore(_turns(2, 4), Path(":memory:"))
+    store.path = ":memory:"
+    source = EpisodicSource(store, HashEmbedder(64))
+    source.search(SCOPE, "guitar", "", 4000)
+    source.evict(SCOPE)
+    source.search(SCOPE, "guitar", "", 4000)
+    assert store.reads == 2 and source._snapshot_dir is None
