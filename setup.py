@@ -48,15 +48,18 @@ class BuildPyWithStubs(build_py):
         super().run()
 
 
+# One extension module per fastpath/*.pyx (fastpath._selection, fastpath._textkeys, ...); cythonize
+# follows their cimports of each other's .pxd files.
 extensions = cythonize(
     [
         Extension(
-            "fastpath._core",
-            ["fastpath/_core.pyx"],
+            f"fastpath.{pyx.stem}",
+            [str(pyx.relative_to(ROOT))],
             include_dirs=[numpy.get_include()],
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
             extra_compile_args=["-O3"],
         )
+        for pyx in sorted((ROOT / "fastpath").glob("*.pyx"))
     ],
     compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False,
                          "cdivision": True, "initializedcheck": False},

@@ -1,42 +1,46 @@
 """Compiled hot path of Context Sidecar (Cython), with its plain-Python twin in fastpath.reference.
 
-The compiled extension is mandatory: if it is missing the import fails loudly rather than silently
+One extension module per concern, each with a reference twin of the same name in fastpath.reference:
+_selection (fuse_scores, ranking_order, dedup, greedy_pack, select, arrange), _textkeys (tokenize,
+fnv1a64, text_keys, hash_embed), _wire (encode_item, encode_section, encode_dropped), _ranking
+(overlap_counts, best_matches, fused_top_k, hybrid_top_k, window_bm25, cooccurring_terms,
+feedback_terms) and _int8 (int8_dot); _common holds their shared input validation.
+
+The compiled extensions are mandatory: if one is missing the import fails loudly rather than silently
 falling back to the (100x slower) reference.
 """
 
 from fastpath import reference
 
 try:
-    from fastpath._core import (
+    from fastpath._int8 import int8_dot
+    from fastpath._ranking import (
+        best_matches,
+        cooccurring_terms,
+        feedback_terms,
+        fused_top_k,
+        hybrid_top_k,
+        overlap_counts,
+        window_bm25,
+    )
+    from fastpath._selection import (
         DUPLICATE,
         LOW_SCORE,
         OVER_BUDGET,
         SELECTED,
         arrange,
-        best_matches,
-        cooccurring_terms,
         dedup,
-        encode_dropped,
-        encode_item,
-        encode_section,
-        feedback_terms,
-        fnv1a64,
         fuse_scores,
-        fused_top_k,
         greedy_pack,
-        hash_embed,
-        hybrid_top_k,
-        int8_dot,
-        overlap_counts,
         ranking_order,
         select,
-        text_keys,
-        tokenize,
-        window_bm25,
     )
+    from fastpath._textkeys import fnv1a64, hash_embed, text_keys, tokenize
+    from fastpath._wire import encode_dropped, encode_item, encode_section
 except ImportError as exc:  # pragma: no cover - exercised only on a broken install
     raise ImportError(
-        "fastpath._core is not built; run `python setup.py build_ext --inplace` or `pip install -e .`"
+        f"fastpath's compiled extensions are not built ({exc}); "
+        "run `python setup.py build_ext --inplace` or `pip install -e .`"
     ) from exc
 
 # One result type for both implementations, so isinstance checks and field access never differ.

@@ -1,8 +1,8 @@
-# C-level API of fastpath._core, for other Cython modules that want the kernels without the
-# Python-object wrappers (cimport fastpath._core). All kernels are nogil and take raw contiguous
+# C-level API of fastpath._selection, for other Cython modules that want the kernels without the
+# Python-object wrappers (cimport fastpath._selection). All kernels are nogil and take raw contiguous
 # buffers; they return 0 on success and -1 on allocation failure (or bad input where documented).
 
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 
 
 cdef enum:
@@ -31,5 +31,3 @@ cdef int pack_kernel(Py_ssize_t n, Py_ssize_t ncat, const int64_t* order, const 
                      const int32_t* category, const uint8_t* eligible, const int64_t* cat_budget,
                      int64_t total_budget, bint flow_unused, uint8_t* selected, int64_t* used,
                      int64_t* effective, int64_t* flowed) noexcept nogil
-
-cdef uint64_t fnv_bytes(uint64_t h, const unsigned char* data, Py_ssize_t n) noexcept nogil

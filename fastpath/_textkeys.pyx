@@ -1,0 +1,318 @@
+"""Compiled text keys: tokenize, FNV-1a, exact keys and SimHash (text_keys), the hashed embedding.
+
+The semantics are specified by ``fastpath.reference.textkeys``; every routine here must return
+exactly what its reference twin returns, floats bit for bit. fnv_bytes is declared in _textkeys.pxd
+so other Cython modules can cimport it.
+"""
+
+from libc.math cimport sqrt
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memset
+
+cimport numpy as cnp
+
+from fastpath._common cimport _empty, _int64_clamped, _ptr, _text_list
+
+cnp.import_array()
+
+
+cdef extern from "Python.h":
+    Py_UCS4* PyUnicode_AsUCS4(object u, Py_UCS4* buffer, Py_ssize_t buflen, int copy_null) except NULL
+    Py_ssize_t PyUnicode_GET_LENGTH(object u)
+    # A pure table lookup, safe without the GIL; it is exactly what str.isalnum() tests per character.
+    bint fp_isalnum "Py_UNICODE_ISALNUM"(uint32_t ch) nogil
+
+
+cdef uint64_t _FNV_OFFSET = 0xCBF29CE484222325ULL
+cdef uint64_t _FNV_PRIME = 0x100000001B3ULL
+
+
+ctypedef struct TextBuf:
+    uint32_t* cps  # lowered text as code points (Py_UCS4; plain ints avoid Cython's char semantics)
+    Py_ssize_t* starts  # token t spans cps[starts[t]:ends[t]]
+    Py_ssize_t* ends
+    Py_ssize_t cap
+
+
+cdef int _ensure(TextBuf* tb, Py_ssize_t need) except -1:
+    cdef Py_ssize_t cap = tb.cap if tb.cap else 64
+    cdef void* p
+    if need <= tb.cap:
+        return 0
+    while cap < need:
+        cap *= 2
+    p = realloc(tb.cps, cap * sizeof(uint32_t))
+    if p == NULL:
+        raise MemoryError()
+    tb.cps = <uint32_t*>p
+    p = realloc(tb.starts, cap * sizeof(Py_ssize_t))
+    if p == NULL:
+        raise MemoryError()
+    tb.starts = <Py_ssize_t*>p
+    p = realloc(tb.ends, cap * sizeof(Py_ssize_t))
+    if p == NULL:
+        raise MemoryError()
+    tb.ends = <Py_ssize_t*>p
+    tb.cap = cap
+    return 0
+
+
+cdef void _release(TextBuf* tb) noexcept:
+    free(tb.cps)
+    free(tb.starts)
+    free(tb.ends)
+    tb.cps = NULL
+    tb.starts = NULL
+    tb.ends = NULL
+    tb.cap = 0
+
+
+cdef inline bint _is_cjk(uint32_t c) noexcept nogil:
+    return ((0x3040 <= c <= 0x30FF) or (0x3400 <= c <= 0x4DBF) or (0x4E00 <= c <= 0x9FFF)
+            or (0xF900 <= c <= 0xFAFF) or (0x20000 <= c <= 0x2FFFF))
+
+
+cdef inline bint _is_word(uint32_t c) noexcept nogil:
+    if c < 128:  # ASCII fast path; identical to str.isalnum() there
+        return (c - 97 < 26) or (c - 65 < 26) or (c - 48 < 10) or c == 95
+    return fp_isalnum(c)
+
+
+cdef Py_ssize_t _tokenize(const uint32_t* cps, Py_ssize_t n, Py_ssize_t* starts,
+                          Py_ssize_t* ends) noexcept nogil:
+    cdef Py_ssize_t i, nt = 0
+    cdef bint in_word = False
+    cdef uint32_t c
+    for i in range(n):
+        c = cps[i]
+        if _is_cjk(c):
+            if in_word:
+                ends[nt] = i
+                nt += 1
+                in_word = False
+            starts[nt] = i
+            ends[nt] = i + 1
+            nt += 1
+        elif _is_word(c):
+            if not in_word:
+                starts[nt] = i
+                in_word = True
+        elif in_word:
+            ends[nt] = i
+            nt += 1
+            in_word = False
+    if in_word:
+        ends[nt] = n
+        nt += 1
+    return nt
+
+
+cdef Py_ssize_t _prepare(object text, Py_ssize_t k, TextBuf* tb) except -1:
+    """Lowercase `text` (Python's own str.lower, for exact Unicode semantics), tokenize into tb."""
+    if not isinstance(text, str):
+        raise TypeError(f"texts[{k}] must be str, got {type(text).__name__}")
+    low = text.lower()
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(low)
+    _ensure(tb, n + 1)
+    if n:
+        PyUnicode_AsUCS4(low, <Py_UCS4*>tb.cps, tb.cap, 0)
+    return _tokenize(tb.cps, n, tb.starts, tb.ends)
+
+
+cdef inline uint64_t _fb(uint64_t h, uint64_t byte) noexcept nogil:
+    return (h ^ byte) * _FNV_PRIME
+
+
+cdef inline uint64_t _fcp(uint64_t h, uint32_t c) noexcept nogil:
+    # FNV-1a continued over the UTF-8 encoding of one code point (tokens never hold surrogates).
+    if c < 0x80:
+        return _fb(h, c)
+    if c < 0x800:
+        h = _fb(h, 0xC0 | (c >> 6))
+        return _fb(h, 0x80 | (c & 0x3F))
+    if c < 0x10000:
+        h = _fb(h, 0xE0 | (c >> 12))
+        h = _fb(h, 0x80 | ((c >> 6) & 0x3F))
+        return _fb(h, 0x80 | (c & 0x3F))
+    h = _fb(h, 0xF0 | (c >> 18))
+    h = _fb(h, 0x80 | ((c >> 12) & 0x3F))
+    h = _fb(h, 0x80 | ((c >> 6) & 0x3F))
+    return _fb(h, 0x80 | (c & 0x3F))
+
+
+cdef inline uint64_t _fspan(uint64_t h, const uint32_t* cps, Py_ssize_t s, Py_ssize_t e) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(s, e):
+        h = _fcp(h, cps[i])
+    return h
+
+
+cdef uint64_t fnv_bytes(uint64_t h, const unsigned char* data, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        h = _fb(h, data[i])
+    return h
+
+
+# _BIT_VOTES[x][k] = +1 if bit k of byte x is set else -1: SimHash votes a byte at a time, which the
+# compiler turns into vector adds (a per-bit shift loop does not vectorise on baseline x86-64).
+cdef int32_t _BIT_VOTES[256][8]
+
+
+cdef void _init_bit_votes() noexcept:
+    cdef int x, k
+    for x in range(256):
+        for k in range(8):
+            _BIT_VOTES[x][k] = 1 if (x >> k) & 1 else -1
+
+
+_init_bit_votes()
+
+
+cdef inline void _sim_add(int32_t* v, uint64_t h) noexcept nogil:
+    cdef int j, k
+    cdef const int32_t* row
+    for j in range(8):
+        row = _BIT_VOTES[(h >> (8 * j)) & 0xFF]
+        for k in range(8):
+            v[8 * j + k] += row[k]
+
+
+cdef void _keys_one(const uint32_t* cps, const Py_ssize_t* st, const Py_ssize_t* en, Py_ssize_t nt,
+                    uint64_t* exact, uint64_t* sim) noexcept nogil:
+    cdef Py_ssize_t t
+    cdef uint64_t h, prev, cur, out = 0
+    cdef int32_t v[64]
+    cdef int b
+    if nt == 0:
+        exact[0] = 0
+        sim[0] = 0
+        return
+    h = _FNV_OFFSET
+    for t in range(nt):
+        if t:
+            h = _fb(h, 32)
+        h = _fspan(h, cps, st[t], en[t])
+    exact[0] = h if h != 0 else 1
+    memset(v, 0, sizeof(v))
+    prev = _fspan(_FNV_OFFSET, cps, st[0], en[0])
+    if nt == 1:
+        _sim_add(v, prev)
+    for t in range(1, nt):
+        # "a b" = FNV continued from hash("a") over " b"; hash("b") alone seeds the next bigram.
+        _sim_add(v, _fspan(_fb(prev, 32), cps, st[t], en[t]))
+        prev = _fspan(_FNV_OFFSET, cps, st[t], en[t])
+    for b in range(64):
+        if v[b] > 0:
+            out |= (<uint64_t>1) << b
+    sim[0] = out if out != 0 else 1
+
+
+cdef inline void _acc(double* vec, uint64_t dim, uint64_t h, double weight) noexcept nogil:
+    cdef double sign = 1.0 if (h >> 63) == 0 else -1.0
+    vec[h % dim] += sign * weight
+
+
+cdef uint64_t _HW = fnv_bytes(_FNV_OFFSET, <const unsigned char*>b"w:", 2)
+cdef uint64_t _HB = fnv_bytes(_FNV_OFFSET, <const unsigned char*>b"b:", 2)
+cdef uint64_t _HC = fnv_bytes(_FNV_OFFSET, <const unsigned char*>b"c:", 2)
+
+
+cdef void _embed_one(const uint32_t* cps, const Py_ssize_t* st, const Py_ssize_t* en, Py_ssize_t nt,
+                     double* vec, Py_ssize_t dim, float* out) noexcept nogil:
+    cdef Py_ssize_t t, s, e, i
+    cdef uint64_t h, d = <uint64_t>dim
+    cdef double ss = 0.0, norm
+    memset(vec, 0, dim * sizeof(double))
+    for t in range(nt):
+        s = st[t]
+        e = en[t]
+        _acc(vec, d, _fspan(_HW, cps, s, e), 1.0)
+        if t > 0:
+            h = _fspan(_fb(_fspan(_HB, cps, st[t - 1], en[t - 1]), 32), cps, s, e)
+            _acc(vec, d, h, 0.5)
+        if e - s >= 4:
+            # Trigrams of "<" + tok + ">": the leading "<ab", the inner ones, the trailing "yz>".
+            _acc(vec, d, _fcp(_fcp(_fb(_HC, 60), cps[s]), cps[s + 1]), 0.3)
+            for i in range(s, e - 2):
+                _acc(vec, d, _fcp(_fcp(_fcp(_HC, cps[i]), cps[i + 1]), cps[i + 2]), 0.3)
+            _acc(vec, d, _fb(_fcp(_fcp(_HC, cps[e - 2]), cps[e - 1]), 62), 0.3)
+    # Sum of squares in index order (the compiler may not reassociate it) to match the reference.
+    for i in range(dim):
+        ss += vec[i] * vec[i]
+    if ss > 0.0:
+        norm = sqrt(ss)
+        for i in range(dim):
+            out[i] = <float>(vec[i] / norm)
+    else:
+        memset(out, 0, dim * sizeof(float))
+
+
+def tokenize(text):
+    """Tokens of `text` (rules in the fastpath.reference.textkeys docstring); list[str]."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    cdef TextBuf tb
+    memset(&tb, 0, sizeof(tb))
+    cdef Py_ssize_t nt, t
+    try:
+        nt = _prepare(text, 0, &tb)
+        low = text.lower()
+        return [low[tb.starts[t]:tb.ends[t]] for t in range(nt)]
+    finally:
+        _release(&tb)
+
+
+def fnv1a64(data):
+    """FNV-1a 64-bit hash of a bytes-like object."""
+    cdef const unsigned char[::1] mv = memoryview(data).cast("B")
+    if mv.shape[0] == 0:
+        return _FNV_OFFSET
+    return fnv_bytes(_FNV_OFFSET, &mv[0], mv.shape[0])
+
+
+def text_keys(texts):
+    """(exact key uint64[n], simhash uint64[n]) per text; see fastpath.reference.text_keys."""
+    cdef list items = _text_list(texts)
+    cdef Py_ssize_t n = len(items), k, nt
+    cdef cnp.ndarray exact = _empty(n, cnp.NPY_UINT64)
+    cdef cnp.ndarray sim = _empty(n, cnp.NPY_UINT64)
+    cdef uint64_t* ex = <uint64_t*>_ptr(exact)
+    cdef uint64_t* sh = <uint64_t*>_ptr(sim)
+    cdef TextBuf tb
+    memset(&tb, 0, sizeof(tb))
+    try:
+        for k in range(n):
+            nt = _prepare(items[k], k, &tb)
+            _keys_one(tb.cps, tb.starts, tb.ends, nt, ex + k, sh + k)
+    finally:
+        _release(&tb)
+    return exact, sim
+
+
+def hash_embed(texts, dim):
+    """Model-free hashed bag-of-features embedding, L2-normalised; float32[n, dim]."""
+    cdef int64_t d = _int64_clamped("dim", dim, -1)
+    if d < 1:
+        raise ValueError(f"dim must be >= 1, got {dim}")
+    cdef list items = _text_list(texts)
+    cdef Py_ssize_t n = len(items), k, nt
+    cdef cnp.npy_intp dims[2]
+    dims[0] = n
+    dims[1] = d
+    cdef cnp.ndarray out = <cnp.ndarray>cnp.PyArray_EMPTY(2, dims, cnp.NPY_FLOAT32, 0)
+    cdef float* op = <float*>_ptr(out)
+    cdef double* vec = <double*>malloc(d * sizeof(double))
+    if vec == NULL:
+        raise MemoryError()
+    cdef TextBuf tb
+    memset(&tb, 0, sizeof(tb))
+    try:
+        for k in range(n):
+            nt = _prepare(items[k], k, &tb)
+            _embed_one(tb.cps, tb.starts, tb.ends, nt, vec, d, op + k * d)
+    finally:
+        _release(&tb)
+        free(vec)
+    return out
