@@ -65,6 +65,7 @@ from sidecar.domain import Category, Message, Role, Scope, render_message_line
 from sidecar.index.embedders import Embedder
 from sidecar.index.int8 import quantize_rows
 from sidecar.index.word_vectors import StaticEmbedder, default_vectors
+from sidecar.memory.question_person import asked_about
 from sidecar.memory.recall import SupersededTurn
 from sidecar.text import STOPWORDS
 from sidecar.tokens import count_line, count_lines
@@ -103,6 +104,9 @@ class Ranking:
     when_dense_weight: float = 0.0
     dense_neighbours: bool = True
     speaker_boost: float = 1.0  # turns spoken by a person the query names
+    # ... and, when it names nobody, the turns of the role it asks about: the user's for "I / my", the
+    # assistant's for "you said / your list" (sidecar.memory.question_person).
+    person_roles: bool = True
     date_boost: float = 0.3  # turns of a session in the month the query names
     year_boost: float = 0.3  # ... in a year the query names without a month
     day_boost: float = 1.0  # turns of a session near a day the query names
@@ -1013,6 +1017,10 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
             flag = np.zeros(len(self.speakers) + 1, bool)  # by speaker id (np.isin sorts); -1 hits the last, False
             flag[named] = True
             mult *= np.where(flag[self.speaker_of[:n]], 1.0 + r.speaker_boost, 1.0)
+        elif not named and r.person_roles and r.speaker_boost:
+            role = asked_about(query)
+            if role is not None:
+                mult *= np.where(self.roles[:n] == int(role), 1.0 + r.speaker_boost, 1.0)
         named_days = query_days(query)
         months, years = query_dates(query, named_days)
         if months or years:
