@@ -5,10 +5,10 @@ work.
 
 Cold users (issue #34), in process: users with ~500 LongMemEval turns each (read from ../shared, or
 long synthetic turns made here when the data is missing) are replayed, the sidecar is closed and
-opened again on the same database, and each user asks a new question (freshly loaded); then, in
-rounds, every user is evicted from memory (as the least recently used are) and asks another new
-question: `cold_user_first_build_p50_ms` / `_p99_ms`. `warm_new_query_p50_ms`: a user still in
-memory asks a question not asked before.
+opened again on the same database, and each user returns: opens a new session and asks a new
+question (freshly loaded); then, in rounds, every user is evicted from memory (as the least recently
+used are) and returns again: `cold_user_first_build_p50_ms` / `_p99_ms`. `warm_new_query_p50_ms`: a
+user still in memory asks a question not asked before in the session they are in.
 
 Throughput comes from the compiled Go load generator (clients/go/cmd/loadgen, built here once by
 clients/go/build.sh) when the Go toolchain is installed (clients/install-toolchains.sh go): on a
@@ -210,10 +210,12 @@ def cold_users(quick: bool) -> dict:
 
     asked: dict[str, set[str]] = {uid: set() for uid, _, _ in users}
 
-    def ask(uid: str, own: list[str]) -> float:
+    def ask(uid: str, own: list[str], returning: bool = True) -> float:
+        """A new question, timed; a returning user asks it in a session they open now (not timed)."""
         query = next(q for q in itertools.chain(own, pool) if q not in asked[uid])
         asked[uid].add(query)
-        req = BuildRequest(session_id="ask", query=query)
+        sid = app.sessions.create(Scope("cold", uid), "", "", {}).session_id if returning else "ask"
+        req = BuildRequest(session_id=sid, query=query)
         t = time.perf_counter()
         convert.build_response(app.builder.build(Scope("cold", uid), req), 0).SerializeToString()
         return time.perf_counter() - t
@@ -228,7 +230,7 @@ def cold_users(quick: bool) -> dict:
             app.memories.invalidate(scope)
             app.store.evict_user(scope)
             cold.append(ask(uid, qs))
-    warm = [ask(uid, qs) for _ in range(warm_asks) for uid, _, qs in measured]
+    warm = [ask(uid, qs, returning=False) for _ in range(warm_asks) for uid, _, qs in measured]
     app.close()
     shutil.rmtree(Path(db).parent, ignore_errors=True)
     cold_stats, warm_stats = percentiles(cold), percentiles(warm)

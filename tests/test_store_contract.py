@@ -734,6 +734,31 @@ def test_caching_store_over_backend(backend, scope):
     drain_jobs(backend)
 
 
+def test_a_new_sessions_view_needs_no_load(backend, scope):
+    """A session just created is empty: its first read makes none of a load's queries, and what is
+    written to it afterwards reaches the view as on a loaded one."""
+    from sidecar.store.cache import CachingStore
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner, self.reads = inner, 0
+
+        def __getattr__(self, name):
+            if name in ("get_session", "list_messages", "get_facts", "list_pinned", "get_summary"):
+                self.reads += 1
+            return getattr(self.inner, name)
+
+    spy = Counting(backend)
+    cache = CachingStore(spy)
+    new_session(cache, scope, "fresh")
+    view = cache.session_view(scope, "fresh")
+    assert spy.reads == 0 and view.session.session_id == "fresh" and not view.messages and not view.confirmed
+    cache.append_messages(scope, "fresh", msgs("hello"), counts(1), 9, [])
+    assert [m.text for m in cache.session_view(scope, "fresh").messages] == ["hello"]
+    assert [m.text for m in CachingStore(backend).session_view(scope, "fresh").messages] == ["hello"]
+    drain_jobs(backend)
+
+
 def test_both_backends_implement_the_whole_protocol():
     import inspect
 

@@ -255,6 +255,14 @@ class CachingStore:
 
     def create_session(self, scope: Scope, session: Session) -> None:
         self.backend.create_session(scope, session)
+        # A new session holds nothing yet: its view is known without the queries a load makes (a
+        # returning user's first question is usually in a new session). A view a concurrent write
+        # loaded meanwhile stays.
+        with self._lock:
+            key = (scope.tenant_id, scope.user_id, session.session_id)
+            if key not in self._views:
+                self._views[key] = SessionView(session=replace(session))
+                self._trim()
 
     def close_session(self, scope: Scope, session_id: str, at_ms: int) -> None:
         with self._writer(scope, session_id):
