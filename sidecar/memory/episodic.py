@@ -97,8 +97,9 @@ class Ranking:
     window_doc: float = 1.0  # weight of BM25 over the window as one pseudo-document (coverage of distinct terms)
     dense_weight: float = 0.25  # share of the dense cosine in the fused score
     # ... for a question asking for kinds of things ("What activities...", "What kind of music...", "...both
-    # like?"): its answers name instances (pottery, jazz), rarely the kind, so meaning weighs more. 0: as above.
-    kind_dense_weight: float = 0.3
+    # like?"): its answers name instances (pottery, jazz), rarely the kind, so meaning may weigh more. 0: as
+    # above (the default profile: it added nothing on both datasets; the model profile uses it).
+    kind_dense_weight: float = 0.0
     # ... for a question asking when ("When did...", "How long ago..."): the event's words and its day's date
     # header answer it; a model's cosine pulls towards turns on the same topic at other times. 0: as above.
     when_dense_weight: float = 0.0
