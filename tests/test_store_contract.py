@@ -734,6 +734,17 @@ def test_caching_store_over_backend(backend, scope):
     drain_jobs(backend)
 
 
+def test_a_taken_session_id_is_already_exists(backend, scope):
+    """The primary key decides (no read before the write), and the first session stays as it was."""
+    from sidecar.errors import AlreadyExists
+
+    first = new_session(backend, scope, "dup", title="first")
+    with pytest.raises(AlreadyExists, match="dup"):
+        new_session(backend, scope, "dup", title="second")
+    assert backend.get_session(scope, "dup").title == first.title
+    new_session(backend, scope, "other")  # the store still takes writes
+
+
 def test_a_new_sessions_view_needs_no_load(backend, scope):
     """A session just created is empty: its first read makes none of a load's queries, and what is
     written to it afterwards reaches the view as on a loaded one."""

@@ -10,7 +10,7 @@ from sidecar import tokens
 from sidecar.clock import now_ms
 from sidecar.compress.constraints import detect_constraints
 from sidecar.domain import Message, NewMessage, Role, Scope, Session, SessionStatus, render_message_line
-from sidecar.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from sidecar.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from sidecar.ids import check_id, check_text, new_id
 from sidecar.secrets import Masked, mask
 from sidecar.services import limits
@@ -64,13 +64,11 @@ class SessionService:
             check_text(k, "metadata key", 256, required=True)
             check_text(v, f"metadata[{k!r}]", limits.MAX_METADATA_VALUE)
         session_id = session_id or new_id("ses")
-        if self.store.get_session(scope, session_id) is not None:
-            raise AlreadyExists(f"session_id {session_id!r} already exists")
         at = now_ms()
         session = Session(tenant_id=scope.tenant_id, user_id=scope.user_id, session_id=session_id, title=title,
                           status=SessionStatus.OPEN, created_at_ms=at, updated_at_ms=at,
                           parent_session_id=parent_session_id, task=task, metadata=dict(metadata))
-        self.store.create_session(scope, session)
+        self.store.create_session(scope, session)  # AlreadyExists when the id is taken
         return session
 
     def get(self, scope: Scope, session_id: str) -> Session:

@@ -40,6 +40,7 @@ from sidecar.domain import (
     SubSessionResult,
     ToolResult,
 )
+from sidecar.errors import AlreadyExists
 from sidecar.store import records
 from sidecar.store.records import USER_TABLES
 from sidecar.store.schema import MIGRATIONS
@@ -117,12 +118,15 @@ class DuckDBStore:
 
     # ------------------------------------------------------------------ sessions
     def create_session(self, scope: Scope, session: Session) -> None:
-        with self._tx() as c:
-            self._insert_many(c, "sessions", records.SESSION_COLS, [(
-                scope.tenant_id, scope.user_id, session.session_id, session.title, int(session.status),
-                session.created_at_ms, session.updated_at_ms, session.closed_at_ms, session.parent_session_id,
-                session.task, json.dumps(session.metadata, sort_keys=True),
-            )])
+        try:
+            with self._tx() as c:
+                self._insert_many(c, "sessions", records.SESSION_COLS, [(
+                    scope.tenant_id, scope.user_id, session.session_id, session.title, int(session.status),
+                    session.created_at_ms, session.updated_at_ms, session.closed_at_ms, session.parent_session_id,
+                    session.task, json.dumps(session.metadata, sort_keys=True),
+                )])
+        except duckdb.ConstraintException as exc:  # the primary key: no read before the write
+            raise AlreadyExists(f"session_id {session.session_id!r} already exists") from exc
 
     def get_session(self, scope: Scope, session_id: str) -> Session | None:
         rows = self._query(

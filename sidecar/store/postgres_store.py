@@ -64,6 +64,7 @@ from sidecar.domain import (
     SubSessionResult,
     ToolResult,
 )
+from sidecar.errors import AlreadyExists
 from sidecar.store import records
 from sidecar.store.change_feed import Change
 from sidecar.store.pg_schema import MIGRATIONS, NOTIFY_CHANNEL, USER_TABLES
@@ -207,12 +208,15 @@ class PostgresStore:
 
     # ------------------------------------------------------------------ sessions
     def create_session(self, scope: Scope, session: Session) -> None:
-        with self._tx(scope) as cur:
-            self._insert_many(cur, "sessions", records.SESSION_COLS, [(
-                scope.tenant_id, scope.user_id, session.session_id, session.title, int(session.status),
-                session.created_at_ms, session.updated_at_ms, session.closed_at_ms, session.parent_session_id,
-                session.task, json.dumps(session.metadata, sort_keys=True),
-            )])
+        try:
+            with self._tx(scope) as cur:
+                self._insert_many(cur, "sessions", records.SESSION_COLS, [(
+                    scope.tenant_id, scope.user_id, session.session_id, session.title, int(session.status),
+                    session.created_at_ms, session.updated_at_ms, session.closed_at_ms, session.parent_session_id,
+                    session.task, json.dumps(session.metadata, sort_keys=True),
+                )])
+        except psycopg.errors.UniqueViolation as exc:  # the primary key: no read before the write
+            raise AlreadyExists(f"session_id {session.session_id!r} already exists") from exc
 
     def get_session(self, scope: Scope, session_id: str) -> Session | None:
         rows = self._query(
