@@ -23,7 +23,7 @@ from sidecar.jobs import JobWorker, requeue_interrupted
 from sidecar.knowledge.service import INDEX_JOB, KnowledgeService
 from sidecar.knowledge.source import KnowledgeSource, knowledge_beats_memory
 from sidecar.llm import ChatClient
-from sidecar.memory.episodic import MAX_TOTAL_TURNS, EpisodicSource
+from sidecar.memory.episodic import MAX_SNAPSHOT_BYTES, MAX_TOTAL_TURNS, EpisodicSource
 from sidecar.memory.extract import Extractor, LLMExtractor, RuleBasedExtractor
 from sidecar.memory.pipeline import EXTRACT_JOB, ExtractionPipeline
 from sidecar.memory.service import MemoryService
@@ -57,6 +57,7 @@ class Settings:
     # session views, and past turns held by the episodic index over all users.
     cache_messages: int = MAX_CACHED_VIEW_MESSAGES
     episodic_turns: int = MAX_TOTAL_TURNS
+    episodic_snapshot_bytes: int = MAX_SNAPSHOT_BYTES  # users' saved episodic indexes beside a DuckDB file
     duckdb_memory: str = DEFAULT_MEMORY_LIMIT  # DuckDB's buffer pool
 
 
@@ -109,7 +110,8 @@ class Sidecar:
             pinned=partial(pinned_items, self.pinned), resolvers=[knowledge_beats_memory(self.knowledge)],
             query_embedder=None if isinstance(self.embedder, HashEmbedder) else self.embedder)
         # Episodic recall: the user's past turns from other sessions, indexed as they are appended.
-        self.episodic = EpisodicSource(self.store, max_total_turns=settings.episodic_turns)
+        self.episodic = EpisodicSource(self.store, max_total_turns=settings.episodic_turns,
+                                       max_snapshot_bytes=settings.episodic_snapshot_bytes)
         if not isinstance(self.embedder, HashEmbedder):  # a model: past turns ranked with its cosine too
             self.episodic.use_model(self.embedder)
         self.builder.sources.append(self.episodic)

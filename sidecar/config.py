@@ -153,6 +153,9 @@ KNOBS: dict[str, Knob] = {k.key: k for k in (
              "confidence are not kept.", minimum=0, maximum=1),
     _setting("memory.episodic_turns", "episodic_turns", "Past turns the episodic index holds over all users, "
              "least recently used out.", flag="--episodic-turns", env="SIDECAR_EPISODIC_TURNS", minimum=1),
+    _setting("memory.episodic_snapshot_bytes", "episodic_snapshot_bytes", "Bytes of the users' episodic indexes "
+             "saved beside a DuckDB file (restored on a user's next call instead of rebuilt from rows), the "
+             "oldest saved deleted first; 0: none saved.", env="SIDECAR_EPISODIC_SNAPSHOT_BYTES", minimum=0),
 
     _setting("knowledge.threshold", "knowledge_threshold", "Score the best knowledge chunk needs for "
              "knowledge_status MATCHED; below it BuildContext answers NO_MATCH.", minimum=0),

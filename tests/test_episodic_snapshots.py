@@ -151,3 +151,30 @@ def test_no_snapshots_without_a_database_file():
     source.evict(SCOPE)
     source.search(SCOPE, "guitar", "", 4000)
     assert store.reads == 2 and source._snapshot_dir is None
+
+
+def test_snapshots_are_bounded_oldest_saved_first(tmp_path):
+    """Saved indexes take at most max_snapshot_bytes together; the oldest saved go first (their users
+    rebuild from rows), also across a restart; 0 saves none."""
+    store = _FileStore(_turns(4, 6), tmp_path / "db.duckdb")
+    one = len(_index(store.turns).freeze(("x",)))  # about one user's snapshot
+    source = EpisodicSource(store, HashEmbedder(64), max_snapshot_bytes=int(one * 2.5))
+    users = [Scope("t", f"u{i}") for i in range(4)]
+    for scope in users:
+        source.search(scope, "guitar", "", 4000)
+        source.evict(scope)
+    directory = Path(store.path).with_suffix(".episodic")
+    sizes = {p.name: p.stat().st_size for p in directory.iterdir()}
+    assert len(sizes) == 2 and sum(sizes.values()) <= one * 2.5
+    source.close()
+    reads = store.reads
+    reopened = EpisodicSource(store, HashEmbedder(64), max_snapshot_bytes=int(one * 2.5))
+    for scope in users[2:]:  # the newest two were kept and are restored
+        reopened.search(scope, "guitar", "", 4000)
+    assert store.reads == reads
+    reopened.search(users[0], "guitar", "", 4000)  # the oldest was deleted: rebuilt from rows
+    assert store.reads == reads + 1
+    none = EpisodicSource(_FileStore(store.turns, tmp_path / "other.duckdb"), HashEmbedder(64), max_snapshot_bytes=0)
+    none.search(SCOPE, "guitar", "", 4000)
+    none.evict(SCOPE)
+    assert not (tmp_path / "other.episodic").exists()

@@ -1165,6 +1165,9 @@ class _UserIndex:  # not slots: the arrays are set in __post_init__
         return [self.words[i] for i in ids.tolist()]
 
 
+MAX_SNAPSHOT_BYTES = 1 << 30  # users' saved indexes over all users (~1.5 MB for 500 long turns)
+
+
 class EpisodicSource:
     """CandidateSource over every past turn of the user; the current session is MessageSource's."""
 
@@ -1172,7 +1175,7 @@ class EpisodicSource:
 
     def __init__(self, store, embedder: Embedder | None = None, *, ranking: Ranking = DEFAULT_RANKING,
                  max_users: int = MAX_USERS, max_turns_per_user: int = MAX_TURNS_PER_USER,
-                 max_total_turns: int = MAX_TOTAL_TURNS) -> None:
+                 max_total_turns: int = MAX_TOTAL_TURNS, max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES) -> None:
         self.store = store
         # Static word vectors joined with hashed n-grams (no model); the app's model embedder in the
         # optional model profile (use_model), whose space a client's query_embedding is in.
@@ -1189,7 +1192,8 @@ class EpisodicSource:
         self._closing = threading.Event()
         # Users' indexes saved when they leave memory (evicted, or the process closing) and restored
         # on their next call instead of rebuilt from rows; names of the files that are current.
-        self._snapshot_dir, self._snapshots = _open_snapshots(snapshot_dir(store))
+        self.max_snapshot_bytes = max_snapshot_bytes
+        self._snapshot_dir, self._snapshots = _open_snapshots(snapshot_dir(store) if max_snapshot_bytes else None)
         # The app's MemoryService.superseded_turns: turns a superseded memory was learnt from are
         # marked when recalled and never outrank the current memory's turns.
         self.superseded_turns: Callable[[Scope], dict[str, SupersededTurn]] | None = None
@@ -1370,12 +1374,17 @@ class EpisodicSource:
         path = self._snapshot_dir / name
         try:
             tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(state.freeze(self._meta()))
+            blob = state.freeze(self._meta())
+            tmp.write_bytes(blob)
             os.replace(tmp, path)
         except Exception:
             log.exception("episodic snapshot not saved; the user is rebuilt from rows on next use")
             return
-        self._snapshots.add(name)
+        self._snapshots[name] = len(blob)
+        # Bounded like the in-memory index: the oldest saved go first (their users rebuild from rows).
+        while sum(self._snapshots.values()) > self.max_snapshot_bytes and self._snapshots:
+            old, _ = self._snapshots.popitem(last=False)
+            (self._snapshot_dir / old).unlink(missing_ok=True)
 
     def _restore(self, key: tuple[str, str]) -> _UserIndex | None:
         name = _snapshot_name(key)
@@ -1395,7 +1404,7 @@ class EpisodicSource:
         name = _snapshot_name(key)
         if self._snapshot_dir is None or name not in self._snapshots:
             return
-        self._snapshots.discard(name)
+        self._snapshots.pop(name, None)
         (self._snapshot_dir / name).unlink(missing_ok=True)
 
     def indexed_total(self) -> int:
@@ -1584,27 +1593,28 @@ def snapshot_dir(store) -> Path | None:
     return Path(path).with_suffix(".episodic")
 
 
-def _open_snapshots(directory: Path | None) -> tuple[Path | None, set[str]]:
-    """(the directory, or None where it cannot be used; the snapshots a clean close left current).
-    After a crash (no mark) none is trusted: all are deleted. The mark goes at once: it is written
-    again only by the next clean close."""
+def _open_snapshots(directory: Path | None) -> tuple[Path | None, OrderedDict[str, int]]:
+    """(the directory, or None where it cannot be used; the snapshots a clean close left current, oldest
+    saved first, with their sizes). After a crash (no mark) none is trusted: all are deleted. The mark
+    goes at once: it is written again only by the next clean close."""
     if directory is None:
-        return None, set()
+        return None, OrderedDict()
     try:
         directory.mkdir(parents=True, exist_ok=True)
         mark = directory / CLEAN_MARK
         clean = mark.exists()
         mark.unlink(missing_ok=True)
-        names = set()
+        kept = []
         for path in directory.iterdir():
             if clean and path.suffix == ".snap":
-                names.add(path.name)
+                stat = path.stat()
+                kept.append((stat.st_mtime_ns, path.name, stat.st_size))
             elif path.is_file():
                 path.unlink(missing_ok=True)
-        return directory, names
+        return directory, OrderedDict((name, size) for _, name, size in sorted(kept))
     except OSError:
         log.exception("episodic snapshots unavailable in %s", directory)
-        return None, set()
+        return None, OrderedDict()
 
 
 def _snapshot_name(key: tuple[str, str]) -> str:
