@@ -163,7 +163,8 @@ def test_the_local_models_query_texts_are_embedded_in_one_batch(minilm, tmp_path
 
 def test_model_ranking_recalls_a_paraphrase_with_no_shared_word(minilm):
     from sidecar.domain import Message, Role
-    from sidecar.memory.episodic import DEFAULT_RANKING, MODEL_RANKING, EpisodicSource, _UserIndex
+    from sidecar.memory.episodic import DEFAULT_RANKING, MODEL_RANKING, EpisodicSource
+    from sidecar.memory.episodic.index import _UserIndex
 
     turns = [("Ann", "My car broke down on the highway again."), ("Bob", "Oh no, that is annoying."),
              ("Ann", "We brought home a little puppy, he chews every shoe."), ("Bob", "So cute!"),

@@ -21,7 +21,8 @@ from sidecar.api import context_service_pb2_grpc as pb_grpc
 from sidecar.domain import Message, Role, Scope
 from sidecar.index.embedders import HashEmbedder
 from sidecar.index.int8 import quantize_rows
-from sidecar.memory.episodic import DEFAULT_RANKING, EpisodicSource, _UserIndex, stem, terms
+from sidecar.memory.episodic import DEFAULT_RANKING, EpisodicSource, stem, terms
+from sidecar.memory.episodic.index import _UserIndex
 from sidecar.server import build_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -271,7 +272,7 @@ def test_contextual_vectors_embed_a_turn_with_its_previous_turn_and_survive_comp
 
 
 def test_the_embedded_query_can_leave_the_speakers_names_out():
-    from sidecar.memory.episodic import _dense_query
+    from sidecar.memory.episodic.source import _dense_query
 
     state = _UserIndex(dim=64, window=4, dated=False)
     state.add(_turns(1, 2), HashEmbedder(state.dim), True)
@@ -309,7 +310,7 @@ def test_sparse_window_bm25_matches_the_dense_form():
     import numpy as np
 
     from sidecar.domain import Message, Role
-    from sidecar.memory.episodic import _UserIndex
+    from sidecar.memory.episodic.index import _UserIndex
 
     state = _UserIndex(dim=16, window=4)
     texts = ["tortoise eats dandelions", "a blue vase", "tortoise shell", "the garden", "vase of dandelions",
@@ -374,7 +375,7 @@ def test_query_dates_and_days():
 
 def _index(sessions: list[tuple[int, list[tuple[str, str]]]]):
     from sidecar.domain import Message, Role
-    from sidecar.memory.episodic import _UserIndex
+    from sidecar.memory.episodic.index import _UserIndex
 
     state = _UserIndex(dim=16, window=4, dated=False)
     msgs, i = [], 0
@@ -613,22 +614,22 @@ def test_similar_words_widen_the_query():
 def test_similar_stems_precomputed_for_the_whole_table_equal_those_asked_one_at_a_time():
     """The warm-up fills every stem's similar stems in blocks; each list is the one a query's word
     alone gets (a cosine floor no ranking uses here, so the shared lists are left alone)."""
-    from sidecar.memory import episodic
+    from sidecar.memory.episodic import expansion
 
     floor = 0.61
-    keys = episodic._stem_vectors()[1]
+    keys = expansion._stem_vectors()[1]
     sample = keys[::97]
     try:
-        alone = {t: episodic.similar_rows([t], floor)[0] for t in sample}
+        alone = {t: expansion.similar_rows([t], floor)[0] for t in sample}
         for t in sample:
-            del episodic._SIMILAR[t, floor]
-        episodic.precompute_similar(floor)
-        assert all((t, floor) in episodic._SIMILAR for t in keys)
-        assert all(np.array_equal(episodic._SIMILAR[t, floor], alone[t]) for t in sample)
+            del expansion._SIMILAR[t, floor]
+        expansion.precompute_similar(floor)
+        assert all((t, floor) in expansion._SIMILAR for t in keys)
+        assert all(np.array_equal(expansion._SIMILAR[t, floor], alone[t]) for t in sample)
         assert sum(len(v) for v in alone.values()) > len(sample)  # the floor leaves lists to compare
     finally:
         for t in keys:
-            episodic._SIMILAR.pop((t, floor), None)
+            expansion._SIMILAR.pop((t, floor), None)
 
 
 def test_warm_up_stops_once_closed_and_the_app_waits_for_it(tmp_path):
@@ -636,13 +637,13 @@ def test_warm_up_stops_once_closed_and_the_app_waits_for_it(tmp_path):
     crashed a sidecar stopped within a second of its start): closed, it computes nothing more, and
     Sidecar.close() returns only once the thread is gone."""
     from sidecar import app as app_module
-    from sidecar.memory import episodic
+    from sidecar.memory.episodic import expansion
 
     floor = 0.77  # no ranking uses it: a list with this floor can only come from this warm-up
     source = EpisodicSource(None, ranking=replace(DEFAULT_RANKING, similar_min=floor))
     source.close()
     source.warm_up()
-    assert not any(key[1] == floor for key in episodic._SIMILAR)
+    assert not any(key[1] == floor for key in expansion._SIMILAR)
     sidecar = app_module.Sidecar(str(tmp_path / "warm.duckdb"))
     sidecar.close()
     assert not sidecar._episodic_warm_up.is_alive()

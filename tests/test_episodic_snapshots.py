@@ -12,7 +12,8 @@ import numpy as np
 import fastpath
 from sidecar.domain import Message, Role, Scope
 from sidecar.index.embedders import HashEmbedder
-from sidecar.memory.episodic import CLEAN_MARK, DEFAULT_RANKING, EpisodicSource, _UserIndex
+from sidecar.memory.episodic import CLEAN_MARK, DEFAULT_RANKING, EpisodicSource
+from sidecar.memory.episodic.index import _UserIndex
 
 SCOPE = Scope("t", "u")
 QUERIES = ("What did Ann paint by the lake in May 2023?", "guitar concert", "When did Bob go hiking?",

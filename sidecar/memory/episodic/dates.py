@@ -1,0 +1,95 @@
+"""Dates: the months, years and days a query names (query_dates, query_days), a turn's day and date
+label, a packed turn's text, and the one "[8 May 2023]" header item per day that stands ahead of
+that day's turns when dates are not written on every turn."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+import fastpath
+from sidecar.domain import Category, Role, render_message_line
+from sidecar.tokens import count_line
+
+_MONTHS = {m.lower(): i for i, m in enumerate(
+    ("January February March April May June July August September October November December").split(), 1)}
+_MONTHS.update({k[:3]: v for k, v in list(_MONTHS.items())})
+_MONTH_ALT = "|".join(sorted(_MONTHS, key=len, reverse=True))
+_MONTH_RE = re.compile(r"\b(" + _MONTH_ALT + r")\b\.?(?:,?\s+(\d{4}))?", re.I)
+_YEAR_RE = re.compile(r"\b(19\d\d|20\d\d)\b")
+# "9 November, 2022", "13th of May 2023", "October 13, 2023", "August 11" (the year may be elsewhere).
+_DAY_RES = (re.compile(r"\b(?P<d>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<m>" + _MONTH_ALT
+                       + r")\b\.?(?:,?\s+(?P<y>\d{4}))?", re.I),
+            re.compile(r"\b(?P<m>" + _MONTH_ALT + r")\b\.?\s+(?P<d>\d{1,2})(?:st|nd|rd|th)?\b(?!:)(?:,?\s+(?P<y>\d{4}))?",
+                       re.I))
+_EPOCH = dt.date(1970, 1, 1).toordinal()
+# Every date pattern above needs a digit or a month's name: a query with neither skips them all.
+_DATE_HINT = re.compile(r"\d|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)", re.I)
+
+
+def query_dates(query: str, days: set[dt.date] | None = None) -> tuple[set[tuple[int, int]], set[int]]:
+    """(year-or-0, month) pairs and bare years named in a query ("in May 2023", "in 2022"); a year
+    named with a month is not also a bare year. `days`: query_days(query), when the caller has it."""
+    if not _DATE_HINT.search(query):
+        return set(), set()
+    found = _MONTH_RE.findall(query)
+    months = {(int(y) if y else 0, _MONTHS[m.lower()]) for m, y in found
+              if m.lower() != "may" or y}  # "may" alone is the verb far more often than the month
+    with_month = {y for y, _ in months}
+    years = {int(y) for y in _YEAR_RE.findall(query)} - with_month
+    if days is None:
+        days = query_days(query)
+    months |= {(d.year, d.month) for d in days}
+    years -= {d.year for d in days}
+    months -= {(0, m) for y, m in months if y}  # "October 13, 2023" also read as a bare "October"
+    return months, years
+
+
+def query_days(query: str) -> set[dt.date]:
+    """Calendar days a query names; a day without its year takes the query's only year."""
+    out: set[dt.date] = set()
+    if not _DATE_HINT.search(query):
+        return out
+    years = {int(y) for y in _YEAR_RE.findall(query)}
+    for pattern in _DAY_RES:
+        for m in pattern.finditer(query):
+            year = int(m.group("y")) if m.group("y") else (next(iter(years)) if len(years) == 1 else 0)
+            if not year:
+                continue
+            try:
+                out.add(dt.date(year, _MONTHS[m.group("m").lower()], int(m.group("d"))))
+            except ValueError:
+                continue
+    return out
+
+
+def date_label(timestamp_ms: int) -> str:
+    day = dt.datetime.fromtimestamp(timestamp_ms / 1000, dt.UTC)
+    return f"[{day.day} {day.strftime('%B')} {day.year}]"
+
+
+def day_number(timestamp_ms: int) -> int:
+    """yyyymmdd (UTC) of a timestamp."""
+    day = dt.datetime.fromtimestamp(timestamp_ms / 1000, dt.UTC)
+    return day.year * 10000 + day.month * 100 + day.day
+
+
+def render_turn(speaker: str, role: Role, text: str, timestamp_ms: int, *, dated: bool = True) -> str:
+    """A past turn as packed: "[8 May 2023] Ann: text", or "Ann: text" when the date is a header item."""
+    line = render_message_line(role, speaker, text)
+    return f"{date_label(timestamp_ms)} {line}" if dated else line
+
+
+def _midnight_ms(day: int) -> int:
+    """00:00 UTC of a yyyymmdd day, in epoch milliseconds: the time a day header stands for."""
+    return int(dt.datetime(day // 10000, day // 100 % 100, day % 100, tzinfo=dt.UTC).timestamp() * 1000)
+
+
+def _day_item(day: int, timestamp_ms: int) -> tuple[str, int, int, int, str, bytes, int]:
+    """A day's header item (see _UserIndex.day_items), made once per day."""
+    label = date_label(timestamp_ms)
+    tokens = count_line(label)
+    exact, simhash = fastpath.text_keys([label])
+    source, midnight = f"date:{day}", _midnight_ms(day)
+    return (label, tokens, int(exact[0]), int(simhash[0]), source,
+            fastpath.encode_item(source, Category.MEMORIES, tokens, label, 0, midnight, ()), midnight)

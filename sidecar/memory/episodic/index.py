@@ -1,0 +1,377 @@
+"""The per-user index (_UserIndex): each turn's text, terms, postings, dense vector (int8), same-session
+neighbours and per-turn features, grown by add(), cut by compacted(), saved and restored by
+freeze() / restore(). The ranking methods come from the mixins: WindowScoring (lexical.py),
+QueryExpansion (expansion.py), Priors (priors.py) and Fusion (scoring.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
+
+import numpy as np
+
+import fastpath
+from sidecar.domain import Category, Message, Role
+from sidecar.index.embedders import Embedder
+from sidecar.index.int8 import quantize_rows
+from sidecar.memory.episodic.dates import _day_item, day_number, render_turn
+from sidecar.memory.episodic.expansion import QueryExpansion
+from sidecar.memory.episodic.lexical import WindowScoring
+from sidecar.memory.episodic.priors import Priors, capitalised, voice
+from sidecar.memory.episodic.scoring import Fusion
+from sidecar.memory.episodic.terms import terms
+from sidecar.tokens import count_lines
+
+INDEXED_ROLES = (Role.USER, Role.ASSISTANT)  # tool output and system text are not conversation memory
+_SERIALS = itertools.count()
+# Per-row arrays of _UserIndex that a compaction copies as they are (session_of and nbr are renumbered).
+_ROW_ARRAYS = ("codes", "scales", "tokens", "timestamps", "seqs", "roles", "speaker_of", "year_month", "day_of", "position",
+               "doc_len", "voice", "proper", "exact", "simhash")
+
+
+@dataclass
+class _UserIndex(Fusion, Priors, QueryExpansion, WindowScoring):  # not slots: the arrays are set in __post_init__
+    dim: int
+    cap: int = 256
+    window: int = 4
+    dated: bool = True  # the date is part of each turn's text (else: one header item per day)
+    context: int = 0  # previous same-session turns embedded with each turn (0: the turn alone)
+    context_chars: int = 400  # of each previous turn, the last this many characters
+    context_mix: float = 0.5  # share of the contextual vector in each row of `vectors` (with context > 0)
+    ids: list[str] = field(default_factory=list)
+    sessions: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    row_terms: list[tuple[str, ...]] = field(default_factory=list)  # distinct terms of each turn
+    row_tfs: list[tuple[int, ...]] = field(default_factory=list)  # their counts: postings rebuild without re-parsing
+    row_caps: list[tuple[str, ...]] = field(default_factory=list)  # words each turn capitalises (for `proper`)
+    known: set[str] = field(default_factory=set)
+    session_rows: dict[str, list[int]] = field(default_factory=dict)
+    speakers: dict[str, int] = field(default_factory=dict)  # lowercased name -> speaker id
+    postings: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+    arrays: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    vocab: dict[str, int] = field(default_factory=dict)  # term -> id, for co-occurrence counts
+    words: list[str] = field(default_factory=list)  # id -> term
+    total_len: float = 0.0
+    # yyyymmdd -> its header item: text, tokens, exact key, simhash, source tag, ContextItem bytes, time
+    day_items: dict[int, tuple[str, int, int, int, str, bytes, int]] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)  # each turn's source tag, message:<id>
+    # Each turn's ContextItem wire bytes, made the first time it is a candidate (None before), never
+    # changed (a turn's text, tokens, role and time are fixed).
+    bodies: list[bytes | None] = field(default_factory=list)
+    # Turns that must not be recalled (a deleted memory's sources, store.recall_exclusions): kept as
+    # neighbours of their session's turns, never ranked themselves.
+    hidden: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.serial = next(_SERIALS)  # names this index in _RankedCache (never reused, unlike id())
+        # A restored index (restore()) keeps its postings, per-turn terms and capitalised words in the
+        # compact arrays it was saved as until a turn is added or it is compacted (_thaw).
+        self._frozen: dict | None = None
+        self._win_key: tuple | None = None  # (rows, decay) the cached window length norm is for
+        self._win_norm = np.zeros(0, np.float32)
+        self._said_rows: set[int] = set()  # _said(): the table rows (_stem_vectors) of the stems the user says
+        self._said_upto = 0  # words counted into it
+        self._prior_key: tuple | None = None  # (rows, knobs) the cached per-turn prior is for
+        self._prior = np.ones(0)
+        self._nbr_rows = np.zeros((0, 2 * self.window), np.int32)  # _neighbour_rows(), for this many rows
+        self.term_df = np.zeros(256, np.int32)  # turns holding each term id
+        # Each turn's distinct term ids: term_at[term_ptr[row]:term_ptr[row + 1]].
+        self.term_at = np.zeros(4096, np.int32)
+        self.term_ptr = np.zeros(self.cap + 1, np.int64)
+        # Each turn's vector, mixed once here with its contextual vector (the turn embedded with its
+        # `context` previous turns): (1 - mix) * v.q + mix * c.q == ((1 - mix) * v + mix * c).q, so a
+        # query reads one matrix, not two. Kept as int8 with a scale per row (sidecar.index.int8): at 384
+        # dimensions a 600-turn user's is ~0.23 MB, read in full by each query (float32: ~0.9 MB).
+        self.codes = np.zeros((self.cap, self.dim), np.int8)
+        self.scales = np.zeros(self.cap, np.float32)
+        self.name_words: tuple[str, ...] = ()  # the speakers' names, word by word (replaced, never mutated)
+        self.tokens = np.zeros(self.cap, np.int32)
+        self.timestamps = np.zeros(self.cap, np.int64)
+        self.seqs = np.zeros(self.cap, np.int64)
+        self.roles = np.zeros(self.cap, np.int8)
+        self.speaker_of = np.full(self.cap, -1, np.int32)
+        self.session_of = np.zeros(self.cap, np.int32)
+        self.year_month = np.zeros(self.cap, np.int32)  # year * 100 + month of the session's first turn
+        self.day_of = np.zeros(self.cap, np.int32)  # yyyymmdd of the turn
+        self.position = np.zeros(self.cap, np.int32)  # the turn's index in its session
+        self.doc_len = np.zeros(self.cap, np.float32)
+        self.voice = np.zeros(self.cap, np.int8)  # +1 the turn speaks of the speaker, -1 of the listener
+        self.proper = np.zeros(self.cap, bool)  # the turn names someone or something other than a speaker
+        self.exact = np.zeros(self.cap, np.uint64)
+        self.simhash = np.zeros(self.cap, np.uint64)
+        # Row of the k-th neighbour in the same session (-1 none): columns -W..-1, +1..+W.
+        self.nbr = np.full((self.cap, 2 * self.window), -1, np.int32)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def hide(self, message_ids: set[str]) -> None:
+        self.hidden = self.hidden | (message_ids & self.known)  # replaced, never mutated: rank() may read it
+
+    def without_hidden(self, score: np.ndarray) -> np.ndarray:
+        if self.hidden:
+            score[[row for row, mid in enumerate(self.ids) if mid in self.hidden]] = 0.0
+        return score
+
+    def _grow(self, need: int) -> None:
+        if need <= self.cap:
+            return
+        cap = max(need, self.cap * 2)
+        for name in (*_ROW_ARRAYS, "session_of", "nbr"):
+            old = getattr(self, name)
+            new = np.full((cap, *old.shape[1:]), -1 if name in ("nbr", "speaker_of") else 0, old.dtype)
+            new[: self.cap] = old[: self.cap]
+            setattr(self, name, new)
+        self.cap = cap
+
+    def add(self, messages: Sequence[Message], embedder: Embedder, stemmed: bool) -> int:
+        fresh = [m for m in messages if m.role in INDEXED_ROLES and m.message_id not in self.known and m.text]
+        if not fresh:
+            return 0
+        self._thaw()
+        texts = [render_turn(m.speaker, m.role, m.text, m.timestamp_ms, dated=self.dated) for m in fresh]
+        start = len(self.ids)
+        self._grow(start + len(fresh))
+        end = start + len(fresh)
+        # Counted once here, for exactly the line that is packed: its text and the newline after it.
+        self.tokens[start:end] = count_lines(texts)
+        body = [m.text for m in fresh]
+        own = embedder.embed(body)
+        self.exact[start:end], self.simhash[start:end] = fastpath.text_keys(texts)
+        session_ids = {sid: i for i, sid in enumerate(self.session_rows)}
+        speakers = len(self.speakers)
+        for j, (m, text) in enumerate(zip(fresh, texts, strict=True)):
+            row = start + j
+            self.ids.append(m.message_id)
+            self.sources.append(f"message:{m.message_id}")
+            self.bodies.append(None)
+            self.known.add(m.message_id)
+            self.sessions.append(m.session_id)
+            self.texts.append(text)
+            self.timestamps[row] = m.timestamp_ms
+            day = day_number(m.timestamp_ms)
+            self.day_of[row] = day
+            if not self.dated and day not in self.day_items:
+                self.day_items[day] = _day_item(day, m.timestamp_ms)
+            self.seqs[row] = m.seq
+            self.roles[row] = int(m.role)
+            name = (m.speaker or m.role.label).lower()
+            self.speaker_of[row] = self.speakers.setdefault(name, len(self.speakers))
+            rows = self.session_rows.get(m.session_id)
+            if rows is None:
+                rows = self.session_rows[m.session_id] = []
+                session_ids[m.session_id] = len(session_ids)
+                day = dt.datetime.fromtimestamp(m.timestamp_ms / 1000, dt.UTC)
+                self.year_month[row] = day.year * 100 + day.month
+            else:
+                self.year_month[row] = self.year_month[rows[0]]
+            self.session_of[row] = session_ids[m.session_id]
+            w = self.window
+            for k in range(1, min(w, len(rows)) + 1):
+                prev = rows[-k]
+                self.nbr[row, w - k] = prev  # my k-th previous turn
+                self.nbr[prev, w + k - 1] = row  # I am its k-th next turn
+            self.position[row] = len(rows)
+            rows.append(row)
+            counts: dict[str, int] = {}
+            words = terms(m.text, stemmed=stemmed)
+            for t in words:
+                counts[t] = counts.get(t, 0) + 1
+            self.row_terms.append(tuple(counts))
+            self.row_tfs.append(tuple(counts.values()))
+            self._post(row)
+            self.doc_len[row] = len(words)
+            self.voice[row] = voice(m.text)
+            self.row_caps.append(capitalised(m.text))
+            self.total_len += len(words)
+        # A new speaker's name (or a nickname it starts with: "Mel") is no proper noun in any turn.
+        self._mark_proper(0 if len(self.speakers) > speakers else start)
+        if len(self.speakers) > speakers:
+            self.name_words = tuple(dict.fromkeys(w for name in self.speakers for w in name.split()))
+        if self.context > 0 and self.context_mix > 0:
+            ctx = []
+            for row in range(start, end):
+                prev = [int(self.nbr[row, self.window - k]) for k in range(min(self.context, self.window), 0, -1)]
+                ctx.append("\n".join([*(self.texts[p][-self.context_chars:] for p in prev if p >= 0), texts[row - start]]))
+            mix = np.float32(self.context_mix)
+            own = (np.float32(1.0) - mix) * own + mix * embedder.embed(ctx)
+        self.codes[start:end], self.scales[start:end] = quantize_rows(own)
+        return len(fresh)
+
+    def _mark_proper(self, first: int) -> None:
+        names = [w for name in self.speakers for w in name.split()]
+        for row in range(first, len(self.ids)):
+            self.proper[row] = any(not any(name.startswith(c) for name in names) for c in self.row_caps[row])
+
+    def item_bodies(self, rows: list[int]) -> list[bytes]:
+        """The ContextItem bytes of these turns (made for those that have none yet)."""
+        got = _pick(self.bodies, rows)
+        if None in got:
+            for j, row in enumerate(rows):
+                if got[j] is None:
+                    got[j] = self.bodies[row] = fastpath.encode_item(
+                        self.sources[row], Category.MEMORIES, int(self.tokens[row]), self.texts[row],
+                        int(self.roles[row]), int(self.timestamps[row]), (self.ids[row],))
+        return got  # type: ignore[return-value]  # no None left
+
+    def _post(self, row: int) -> None:
+        """Add a row's term counts (row_terms, row_tfs) to the postings (rows in order)."""
+        ids: list[int] = []
+        for t, tf in zip(self.row_terms[row], self.row_tfs[row], strict=True):
+            posting = self.postings.get(t)
+            if posting is None:
+                posting = self.postings[t] = ([], [])
+                self.vocab[t] = len(self.words)
+                self.words.append(t)
+            posting[0].append(row)
+            posting[1].append(tf)
+            self.arrays.pop(t, None)
+            ids.append(self.vocab[t])
+        start = int(self.term_ptr[row])
+        end = start + len(ids)
+        if end > len(self.term_at):
+            self.term_at = np.concatenate([self.term_at, np.zeros(max(end, len(self.term_at)), np.int32)])
+        if row + 2 > len(self.term_ptr):
+            self.term_ptr = np.concatenate([self.term_ptr, np.zeros(max(row + 2, len(self.term_ptr)), np.int64)])
+        self.term_at[start:end] = ids
+        self.term_ptr[row + 1] = end
+        if len(self.words) > len(self.term_df):  # one turn may bring any number of new terms
+            grown = np.zeros(max(len(self.words), 2 * len(self.term_df)), np.int32)
+            grown[: len(self.term_df)] = self.term_df
+            self.term_df = grown
+        self.term_df[ids] += 1
+
+    def compacted(self, start: int) -> _UserIndex:
+        """The same index without rows before `start`, from what is already in memory (no rows read,
+        no text parsed, embedded or counted again), so dropping a user's oldest turns costs
+        milliseconds, not a rebuild. A kept turn keeps its place in its session (position and the
+        session's month); a neighbour that was dropped is no neighbour any more."""
+        self._thaw()
+        n = len(self) - start
+        out = _UserIndex(dim=self.dim, cap=max(n, 1), window=self.window, dated=self.dated, context=self.context,
+                         context_chars=self.context_chars, context_mix=self.context_mix)
+        for name in _ROW_ARRAYS:
+            getattr(out, name)[:n] = getattr(self, name)[start:len(self)]
+        nbr = self.nbr[start:len(self)] - start
+        out.nbr[:n] = np.where(nbr < 0, -1, nbr)  # dropped rows (and "none") become -1
+        out.ids, out.sessions, out.texts = self.ids[start:], self.sessions[start:], self.texts[start:]
+        out.row_terms, out.row_tfs, out.row_caps = self.row_terms[start:], self.row_tfs[start:], self.row_caps[start:]
+        out.known = set(out.ids)
+        out.speakers, out.name_words = dict(self.speakers), self.name_words
+        session_ids: dict[str, int] = {}
+        for row, sid in enumerate(out.sessions):
+            out.session_rows.setdefault(sid, []).append(row)
+            out.session_of[row] = session_ids.setdefault(sid, len(session_ids))
+        for row in range(n):
+            out._post(row)
+        out.total_len = float(out.doc_len[:n].sum())
+        days = set(out.day_of[:n].tolist())
+        out.day_items = {d: item for d, item in self.day_items.items() if d in days}
+        out.sources, out.bodies = self.sources[start:], self.bodies[start:]
+        out.hidden = self.hidden & out.known
+        return out
+
+    def freeze(self, meta: tuple) -> bytes:
+        """The index as bytes (EpisodicSource's snapshots), mostly arrays so that restore() makes few
+        objects; `meta` (what it was built with) must match for it to be restored. Left out: the
+        hidden turns (read from the store on load), the items' bytes and lazy caches."""
+        self._thaw()
+        n, words = len(self.ids), self.words
+        said = self._said()
+        sizes = [len(self.postings[w][0]) for w in words]
+        total = sum(sizes)
+        state = {
+            "meta": meta, "n": n, "ids": self.ids, "sessions": self.sessions, "texts": self.texts,
+            "session_rows": self.session_rows, "speakers": self.speakers, "name_words": self.name_words,
+            "day_items": self.day_items, "total_len": self.total_len, "words": "\n".join(words),
+            "said": np.fromiter(said, np.int32, len(said)),
+            "caps": "\x1e".join("\x1f".join(c) for c in self.row_caps),
+            "term_tf": np.fromiter(itertools.chain.from_iterable(self.row_tfs), np.int32, int(self.term_ptr[n])),
+            "post_ptr": np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]),
+            "post_rows": np.fromiter(itertools.chain.from_iterable(self.postings[w][0] for w in words), np.int64, total),
+            "post_tfs": np.fromiter(itertools.chain.from_iterable(self.postings[w][1] for w in words), np.int32, total),
+            "term_df": self.term_df[:len(words)], "term_at": self.term_at[:int(self.term_ptr[n])],
+            "term_ptr": self.term_ptr[:n + 1],
+            **{name: getattr(self, name)[:n] for name in (*_ROW_ARRAYS, "session_of", "nbr")},
+        }
+        return pickle.dumps(state, protocol=5)
+
+    @classmethod
+    def restore(cls, blob: bytes, meta: tuple) -> _UserIndex | None:
+        """An index saved by freeze() with this `meta`, else None."""
+        state = pickle.loads(blob)  # noqa: S301  # written by this process's freeze(), in its own directory
+        if state.get("meta") != meta:
+            return None
+        dim, window, dated, context, context_chars, context_mix = meta[1:7]
+        n = state["n"]
+        out = cls(dim=dim, cap=1, window=window, dated=dated, context=context, context_chars=context_chars,
+                  context_mix=context_mix)
+        out.cap = n
+        for name in (*_ROW_ARRAYS, "session_of", "nbr", "term_df", "term_at", "term_ptr"):
+            setattr(out, name, state[name])
+        out.ids, out.sessions, out.texts = state["ids"], state["sessions"], state["texts"]
+        out.session_rows, out.speakers, out.name_words = state["session_rows"], state["speakers"], state["name_words"]
+        out.day_items, out.total_len = state["day_items"], state["total_len"]
+        out.words = state["words"].split("\n") if state["words"] else []
+        out.vocab = dict(zip(out.words, range(len(out.words)), strict=True))
+        out.known = set(out.ids)
+        out.sources = ["message:" + mid for mid in out.ids]
+        out.bodies = [None] * n
+        out._said_rows, out._said_upto = set(state["said"].tolist()), len(out.words)
+        out._frozen = {k: state[k] for k in ("caps", "term_tf", "post_ptr", "post_rows", "post_tfs")}
+        return out
+
+    def _thaw(self) -> None:
+        """Make the postings, per-turn terms and capitalised words of a restored index Python lists
+        again, as add() and compacted() extend and read them."""
+        f = self._frozen
+        if f is None:
+            return
+        n, words = len(self.ids), self.words
+        ptr, rows, tfs = f["post_ptr"].tolist(), f["post_rows"].tolist(), f["post_tfs"].tolist()
+        self.postings = {w: (rows[ptr[i]:ptr[i + 1]], tfs[ptr[i]:ptr[i + 1]]) for i, w in enumerate(words)}
+        at, tp, tf = self.term_at.tolist(), self.term_ptr.tolist(), f["term_tf"].tolist()
+        self.row_terms = [tuple(words[i] for i in at[tp[r]:tp[r + 1]]) for r in range(n)]
+        self.row_tfs = [tuple(tf[tp[r]:tp[r + 1]]) for r in range(n)]
+        self.row_caps = [tuple(c.split("\x1f")) if c else () for c in f["caps"].split("\x1e")] if n else []
+        self.arrays = {}
+        self._frozen = None
+
+    def _arrays(self, t: str) -> tuple[np.ndarray, np.ndarray] | None:
+        arrays = self.arrays.get(t)
+        if arrays is None and self._frozen is not None:
+            tid = self.vocab.get(t)
+            if tid is None:
+                return None
+            f = self._frozen
+            lo, hi = int(f["post_ptr"][tid]), int(f["post_ptr"][tid + 1])
+            arrays = self.arrays[t] = (f["post_rows"][lo:hi], f["post_tfs"][lo:hi].astype(np.float32))
+        elif arrays is None:
+            posting = self.postings.get(t)
+            if posting is None:
+                return None
+            arrays = self.arrays[t] = (np.asarray(posting[0], np.int64), np.asarray(posting[1], np.float32))
+        return arrays
+
+    def _neighbour_rows(self) -> np.ndarray:
+        """nbr with "none" (-1) pointing at row n, the sentinel; kept until turns are added."""
+        n = len(self.ids)
+        if len(self._nbr_rows) != n:
+            nbr = self.nbr[:n]
+            self._nbr_rows = np.where(nbr < 0, n, nbr)
+        return self._nbr_rows
+
+    def _term_ids(self, wanted: set[str]) -> list[int]:
+        """The ids of those of these terms this user says."""
+        return [self.vocab[t] for t in wanted if t in self.vocab]
+
+
+def _pick(values: list, rows: list[int]) -> list:
+    """[values[r] for r in rows], in one C call."""
+    if len(rows) > 1:
+        return list(itemgetter(*rows)(values))
+    return [values[rows[0]]] if rows else []

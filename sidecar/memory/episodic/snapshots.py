@@ -1,0 +1,54 @@
+"""Where users' indexes are saved (beside a DuckDB file), which saved files are current after a
+start, and each user's file name. What a snapshot holds is _UserIndex.freeze / restore (index.py);
+when one is written, read or deleted is EpisodicSource's (source.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import OrderedDict
+from pathlib import Path
+
+log = logging.getLogger("sidecar.episodic")
+
+SNAPSHOT_VERSION = 1
+SAVE_AT_CLOSE_S = 10.0  # at close, users' indexes are saved for at most this long (the rest rebuild from rows)
+MAX_SNAPSHOT_BYTES = 1 << 30  # users' saved indexes over all users (~1.5 MB for 500 long turns)
+CLEAN_MARK = "CLEAN"  # written at close once every saved snapshot is current
+
+
+def snapshot_dir(store) -> Path | None:
+    """Where users' indexes are saved: beside a DuckDB file. None for an in-memory database and a
+    shared PostgreSQL store (another replica may change a user's rows: each rebuilds from rows)."""
+    path = getattr(getattr(store, "backend", store), "path", None)
+    if not isinstance(path, str) or not path or path == ":memory:":
+        return None
+    return Path(path).with_suffix(".episodic")
+
+
+def _open_snapshots(directory: Path | None) -> tuple[Path | None, OrderedDict[str, int]]:
+    """(the directory, or None where it cannot be used; the snapshots a clean close left current, oldest
+    saved first, with their sizes). After a crash (no mark) none is trusted: all are deleted. The mark
+    goes at once: it is written again only by the next clean close."""
+    if directory is None:
+        return None, OrderedDict()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        mark = directory / CLEAN_MARK
+        clean = mark.exists()
+        mark.unlink(missing_ok=True)
+        kept = []
+        for path in directory.iterdir():
+            if clean and path.suffix == ".snap":
+                stat = path.stat()
+                kept.append((stat.st_mtime_ns, path.name, stat.st_size))
+            elif path.is_file():
+                path.unlink(missing_ok=True)
+        return directory, OrderedDict((name, size) for _, name, size in sorted(kept))
+    except OSError:
+        log.exception("episodic snapshots unavailable in %s", directory)
+        return None, OrderedDict()
+
+
+def _snapshot_name(key: tuple[str, str]) -> str:
+    return hashlib.sha256("\0".join(key).encode()).hexdigest()[:40] + ".snap"

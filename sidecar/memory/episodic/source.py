@@ -1,0 +1,469 @@
+"""EpisodicSource: the CandidateSource over a user's past turns. It keeps one _UserIndex per
+(tenant, user) in memory within bounds, current through the store's append listener, saved and
+restored through snapshots, dropped on forget; and turns a query's ranking into a candidate batch
+(turns, day headers, superseded marks)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+
+import fastpath
+from sidecar.assembly.candidates import (
+    BuildInput,
+    CandidateBatch,
+    ItemMeta,
+    Section,
+    SoftCategory,
+    client_vector_of,
+)
+from sidecar.domain import Category, Message, Role, Scope
+from sidecar.index.embedders import Embedder
+from sidecar.index.word_vectors import StaticEmbedder
+from sidecar.memory.episodic.cache import _RankedCache
+from sidecar.memory.episodic.dates import date_label
+from sidecar.memory.episodic.expansion import CONCEPTS, _stem_vectors, concept_rows, precompute_similar
+from sidecar.memory.episodic.index import INDEXED_ROLES, _pick, _UserIndex
+from sidecar.memory.episodic.ranking import DEFAULT_RANKING, MODEL_RANKING, Ranking, _index_knobs
+from sidecar.memory.episodic.scoring import _best_first
+from sidecar.memory.episodic.snapshots import (
+    CLEAN_MARK,
+    MAX_SNAPSHOT_BYTES,
+    SAVE_AT_CLOSE_S,
+    SNAPSHOT_VERSION,
+    _open_snapshots,
+    _snapshot_name,
+    log,
+    snapshot_dir,
+)
+from sidecar.memory.episodic.terms import _WORD_RE, names_pattern
+from sidecar.memory.recall import SupersededTurn
+from sidecar.tokens import count_line
+
+MAX_USERS = 2048  # users kept in memory; an evicted one is rebuilt from rows on its next call
+# Memory bounds. A user's index holds their newest MAX_TURNS_PER_USER turns: past that it is rebuilt
+# from the newest three quarters (older turns live on in extracted memories and summaries). All
+# users together hold at most MAX_TOTAL_TURNS; the least recently used go first.
+MAX_TURNS_PER_USER = 4096
+MAX_TOTAL_TURNS = 262_144
+
+
+class EpisodicSource:
+    """CandidateSource over every past turn of the user; the current session is MessageSource's."""
+
+    name = "episodic"
+
+    def __init__(self, store, embedder: Embedder | None = None, *, ranking: Ranking = DEFAULT_RANKING,
+                 max_users: int = MAX_USERS, max_turns_per_user: int = MAX_TURNS_PER_USER,
+                 max_total_turns: int = MAX_TOTAL_TURNS, max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES) -> None:
+        self.store = store
+        # Static word vectors joined with hashed n-grams (no model); the app's model embedder in the
+        # optional model profile (use_model), whose space a client's query_embedding is in.
+        self.embedder: Embedder = embedder or StaticEmbedder()
+        self.dim = self.embedder.dim
+        self.takes_client_vectors = False
+        self.ranking = ranking
+        self.max_users = max_users
+        self.max_turns_per_user = max(min(max_turns_per_user, max_total_turns), 4)
+        self.max_total_turns = max(max_total_turns, self.max_turns_per_user)
+        self._users: OrderedDict[tuple[str, str], _UserIndex] = OrderedDict()
+        self._ranked = _RankedCache()
+        self._lock = threading.RLock()
+        self._closing = threading.Event()
+        # Users' indexes saved when they leave memory (evicted, or the process closing) and restored
+        # on their next call instead of rebuilt from rows; names of the files that are current.
+        self.max_snapshot_bytes = max_snapshot_bytes
+        self._snapshot_dir, self._snapshots = _open_snapshots(snapshot_dir(store) if max_snapshot_bytes else None)
+        # The app's MemoryService.superseded_turns: turns a superseded memory was learnt from are
+        # marked when recalled and never outrank the current memory's turns.
+        self.superseded_turns: Callable[[Scope], dict[str, SupersededTurn]] | None = None
+
+    def warm_up(self) -> None:
+        """Build the per-stem word vectors (~0.3 s), the concepts' kin and every stem's similar stems
+        (~1 s) at start-up rather than in the first queries."""
+        r = self.ranking
+        if r.similar_terms > 0 or r.concept_similar > 0:
+            _stem_vectors()
+        if r.concept_similar > 0:
+            for concept in CONCEPTS:
+                if self._closing.is_set():
+                    return
+                concept_rows(concept, r.concept_min)
+        if r.similar_terms > 0 and r.similar_weight > 0:
+            precompute_similar(r.similar_min, self._closing.is_set)
+
+    def close(self) -> None:
+        """Stop the warm-up (the app joins its thread before the process exits) and save the indexes
+        of the users in memory (for at most SAVE_AT_CLOSE_S), so they are restored after a restart."""
+        self._closing.set()
+        if self._snapshot_dir is None:
+            return
+        deadline = time.monotonic() + SAVE_AT_CLOSE_S
+        with self._lock:
+            for key, state in reversed(self._users.items()):  # the most recently used first
+                if time.monotonic() > deadline:
+                    break
+                self._save(key, state)
+            try:
+                (self._snapshot_dir / CLEAN_MARK).touch()
+            except OSError:
+                log.warning("episodic snapshots: could not mark them current; rebuilt from rows next start")
+
+    def use_model(self, embedder: Embedder, ranking: Ranking = MODEL_RANKING) -> None:
+        """Rank with a model embedder and the ranking tuned for one; indexes are rebuilt from rows."""
+        with self._lock:
+            self.embedder, self.dim, self.ranking = embedder, embedder.dim, ranking
+            self.takes_client_vectors = True
+            self._users.clear()
+            self._ranked.clear()
+
+    def set_ranking(self, ranking: Ranking) -> None:
+        """Rank with other knobs (tuning, bench/recall.py --offline). The users' indexes are rebuilt
+        from rows only when the knobs an index is built with differ (_index_knobs); a model profile's
+        rebuild embeds every turn again."""
+        with self._lock:
+            if _index_knobs(ranking) != _index_knobs(self.ranking):
+                self._users.clear()
+            self._ranked.clear()
+            self.ranking = ranking
+
+    # ------------------------------------------------------------------ upkeep
+    def on_append(self, scope: Scope, session_id: str, messages: list[Message]) -> None:
+        """store.append_listeners hook: index new turns of a user already in memory, or load the
+        user from rows (which already hold these turns) so the next BuildContext stays fast."""
+        if not any(m.role in INDEXED_ROLES for m in messages):
+            return
+        view = self.store.session_view(scope, session_id)  # cached: the append just loaded it
+        if view is None or view.session.parent_session_id:
+            return  # a sub-agent's turns reach other sessions only as its result summary
+        with self._lock:
+            key = (scope.tenant_id, scope.user_id)
+            state = self._users.get(key)
+            try:
+                if state is None:
+                    self._discard(key)  # it lacks these turns
+                    self._load(scope)
+                    return
+                added = state.add(messages, self.embedder, self.ranking.stem)
+                if added:
+                    self._discard(key)
+                if added and len(state) > self.max_turns_per_user:
+                    # Keep the newest three quarters, so the next compaction is a quarter of the cap away.
+                    self._users[key] = state.compacted(len(state) - self.max_turns_per_user * 3 // 4)
+                    self._ranked.drop(state)
+            except Exception:
+                # The rows are committed: the call must not fail, and a half-updated index must not be
+                # searched. Drop it; the user's next search rebuilds it from rows.
+                log.exception("episodic index update failed for a user; rebuilt from rows on next use")
+                self.drop_user(scope)
+                return
+            self._bound(key)
+
+    def generation(self, scope: Scope) -> tuple[int, int] | None:
+        """Changes whenever the user's past turns are rebuilt or some leave recall (not when turns are
+        added: a session's recalled turns come from other sessions)."""
+        state = self._users.get((scope.tenant_id, scope.user_id))
+        return (state.serial, len(state.hidden)) if state is not None else None
+
+    def exclude(self, scope: Scope, message_ids: set[str]) -> None:
+        """Stop recalling these turns of the user (their rows stay in their session's history)."""
+        with self._lock:
+            state = self._users.get((scope.tenant_id, scope.user_id))
+            if state is not None:
+                state.hide(message_ids)
+                self._ranked.drop(state)
+
+    def drop_user(self, scope: Scope) -> None:
+        """Forget the user's in-memory index and its snapshot (rebuilt from rows when next needed)."""
+        with self._lock:
+            state = self._users.pop((scope.tenant_id, scope.user_id), None)
+            if state is not None:
+                self._ranked.drop(state)
+            self._discard((scope.tenant_id, scope.user_id))
+
+    def evict(self, scope: Scope) -> None:
+        """Let the user's index go as the least recently used do (_bound): saved, their rows unchanged."""
+        with self._lock:
+            key = (scope.tenant_id, scope.user_id)
+            state = self._users.pop(key, None)
+            if state is not None:
+                self._ranked.drop(state)
+                self._save(key, state)
+
+    def forget(self, scope: Scope) -> dict[str, int]:
+        """ForgetUser hook: drop the user's index and its snapshot (their rows are deleted by the store)."""
+        with self._lock:
+            state = self._users.pop((scope.tenant_id, scope.user_id), None)
+            if state is not None:
+                self._ranked.drop(state)  # the rankings hold the user's questions
+            self._discard((scope.tenant_id, scope.user_id))
+            return {"episodic_index": len(state) if state else 0}
+
+    def indexed(self, scope: Scope) -> int:
+        with self._lock:
+            state = self._users.get((scope.tenant_id, scope.user_id))
+            return len(state) if state else 0
+
+    def _load(self, scope: Scope) -> _UserIndex:
+        key = (scope.tenant_id, scope.user_id)
+        window, date_headers, context, context_chars, context_mix, stemmed = _index_knobs(self.ranking)
+        state = self._restore(key)
+        if state is None:
+            state = _UserIndex(dim=self.dim, window=window, dated=not date_headers, context=context,
+                               context_chars=context_chars, context_mix=context_mix)
+            # Read no more than the cap allows (a long history must not make this slower over time); past
+            # the cap keep the newest three quarters, so the next compaction is a quarter of the cap away.
+            rows = self._rows(scope, self.max_turns_per_user + 1)
+            if len(rows) > self.max_turns_per_user:
+                rows = rows[-(self.max_turns_per_user * 3 // 4):]
+            state.add(rows, self.embedder, stemmed)
+        state.hide(self.store.recall_exclusions(scope))
+        old = self._users.pop(key, None)
+        if old is not None:
+            self._ranked.drop(old)
+        self._users[key] = state
+        self._bound(key)
+        return state
+
+    def _bound(self, keep: tuple[str, str]) -> None:
+        """Evict least recently used users past MAX_USERS or MAX_TOTAL_TURNS (never `keep`)."""
+        total = sum(len(s) for s in self._users.values())
+        while len(self._users) > 1 and (len(self._users) > self.max_users or total > self.max_total_turns):
+            victim = next(iter(self._users))
+            if victim == keep:
+                self._users.move_to_end(victim)
+                victim = next(iter(self._users))
+            gone = self._users.pop(victim)
+            self._ranked.drop(gone)
+            self._save(victim, gone)
+            total -= len(gone)
+
+    # ------------------------------------------------------------------ snapshots
+    def _meta(self) -> tuple:
+        """What a saved index must have been built with to be restored (see _UserIndex.freeze)."""
+        window, date_headers, context, context_chars, context_mix, stemmed = _index_knobs(self.ranking)
+        return (SNAPSHOT_VERSION, self.dim, window, not date_headers, context, context_chars, context_mix,
+                stemmed, self.embedder.name, self.max_turns_per_user)
+
+    def _save(self, key: tuple[str, str], state: _UserIndex) -> None:
+        """Save a user's index that leaves memory, unless its snapshot is current (held under the lock,
+        like every change of _snapshots: a file is current exactly while its name is there)."""
+        name = _snapshot_name(key)
+        if self._snapshot_dir is None or name in self._snapshots or not len(state):
+            return
+        path = self._snapshot_dir / name
+        try:
+            tmp = path.with_suffix(".tmp")
+            blob = state.freeze(self._meta())
+            tmp.write_bytes(blob)
+            os.replace(tmp, path)
+        except Exception:
+            log.exception("episodic snapshot not saved; the user is rebuilt from rows on next use")
+            return
+        self._snapshots[name] = len(blob)
+        # Bounded like the in-memory index: the oldest saved go first (their users rebuild from rows).
+        while sum(self._snapshots.values()) > self.max_snapshot_bytes and self._snapshots:
+            old, _ = self._snapshots.popitem(last=False)
+            (self._snapshot_dir / old).unlink(missing_ok=True)
+
+    def _restore(self, key: tuple[str, str]) -> _UserIndex | None:
+        name = _snapshot_name(key)
+        if self._snapshot_dir is None or name not in self._snapshots:
+            return None
+        try:
+            state = _UserIndex.restore((self._snapshot_dir / name).read_bytes(), self._meta())
+        except Exception:
+            log.exception("episodic snapshot unreadable; the user is rebuilt from rows")
+            state = None
+        if state is None:
+            self._discard(key)
+        return state
+
+    def _discard(self, key: tuple[str, str]) -> None:
+        """The user's rows changed (or are gone): their snapshot, if any, is deleted."""
+        name = _snapshot_name(key)
+        if self._snapshot_dir is None or name not in self._snapshots:
+            return
+        self._snapshots.pop(name, None)
+        (self._snapshot_dir / name).unlink(missing_ok=True)
+
+    def indexed_total(self) -> int:
+        with self._lock:
+            return sum(len(s) for s in self._users.values())
+
+    def _rows(self, scope: Scope, newest: int) -> list[Message]:
+        # Sessions in creation order, turns in sequence order, so neighbours are conversational.
+        return self.store.list_user_messages(scope, [int(Role.USER), int(Role.ASSISTANT)], newest)
+
+    # ------------------------------------------------------------------ hot path
+    def search(self, scope: Scope, query: str, exclude_session: str, budget_tokens: int,
+               query_embedding: np.ndarray | None = None) -> tuple[_UserIndex, np.ndarray, np.ndarray]:
+        """(index, rows best first, their relevance in (0, 1]) worth about budget * candidate_factor tokens."""
+        r = self.ranking
+        given = self._given(query_embedding)
+        key = (scope.tenant_id, scope.user_id)
+        # The same question again (an agent's tool loop rebuilds the context for one user message; a
+        # caller tries another budget) over the same turns ranks them alike: its ranking is kept.
+        memo = (query, exclude_session, r, query_embedding.tobytes() if given else None)
+        known = self._users.get(key)  # a peek without the lock, only to skip embedding for a kept ranking
+        # The query vector (a model's: ~13 ms on one core) is taken outside the lock, so concurrent
+        # calls for other users do not queue behind it; a model embedder keeps recent texts, so what the
+        # builder embedded ahead (query_texts) or the memory source's embedding of the query is reused.
+        text = self._query_text(key, query, given)
+        qvec = None
+        if text is not None and (known is None or self._ranked.get(known, memo) is None):
+            qvec = self.embedder.embed([text])[0]
+        with self._lock:
+            state = self._users.get(key)
+            if state is None:
+                state = self._load(scope)
+            else:
+                self._users.move_to_end(key)
+            empty = np.zeros(0, np.int64), np.zeros(0)
+            own = len(state.session_rows.get(exclude_session, ()))
+            if len(state) <= own or not query:  # nothing outside the current session to recall
+                return state, *empty
+            ranked = self._ranked.get(state, memo)
+            if ranked is None:
+                if given:
+                    qvec = query_embedding
+                elif qvec is None:  # a user's first call: loading the index costs far more
+                    qvec = self.embedder.embed([_dense_query(query, state, r)])[0]
+                ranked = _best_first(state.without_hidden(state.rank(query, qvec, exclude_session, r)),
+                                     r.max_candidates)
+                self._ranked.put(state, memo, ranked)
+        order, best = ranked
+        if not len(order):
+            return state, *empty
+        # Keep only as many turns as could be packed (with slack for dedup and other categories).
+        cum = np.cumsum(state.tokens[order])
+        keep = int(np.searchsorted(cum, max(budget_tokens, 1) * r.candidate_factor, side="right")) + 1
+        return state, order[:keep], best[:keep] / best[0]
+
+    def _given(self, query_embedding: np.ndarray | None) -> bool:
+        """Whether the client's query vector is used (it is in a model's space, and of its size)."""
+        return self.takes_client_vectors and client_vector_of(query_embedding, self.dim) is not None
+
+    def _query_text(self, key: tuple[str, str], query: str, given: bool) -> str | None:
+        """The text embedded for this query before the user's index is at hand: None when there is no
+        query, the client's vector is used, or the speakers' names are to be left out of a user not
+        loaded yet (then it is embedded once the index is loaded)."""
+        r = self.ranking
+        known = self._users.get(key)  # a peek without the lock: only its names (replaced whole) are read
+        if not query or given or not (r.dense_query_names or known is not None):
+            return None
+        return _dense_query(query, known, r)
+
+    def _searches(self, inp: BuildInput) -> bool:
+        # A sub-session inherits only what was handed off, never the parent's (or any) history.
+        return inp.budget.memories > 0 and bool(inp.query) and not inp.view.session.parent_session_id
+
+    def query_texts(self, inp: BuildInput) -> list[str]:
+        """What search() will embed for this call (see ContextBuilder.query_embedder)."""
+        if not self._searches(inp):
+            return []
+        text = self._query_text((inp.scope.tenant_id, inp.scope.user_id), inp.query, self._given(inp.query_embedding))
+        return [text] if text is not None else []
+
+    def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
+        batch = CandidateBatch(category=SoftCategory.MEMORIES, section=Section.MEMORIES)
+        budget = inp.budget.memories + (inp.budget.recent_messages if inp.budget.flow_unused else 0)
+        if not self._searches(inp):
+            return [batch]
+        state, rows, relevance = self.search(inp.scope, inp.query, inp.view.session.session_id, budget,
+                                             inp.query_embedding)
+        if not len(rows):
+            return [batch]
+        row_list = rows.tolist()
+        age = np.maximum(inp.now_ms - state.timestamps[rows], 0) / 1000.0
+        # Packed turns read as a timeline: order by time, then by sequence inside a session.
+        keys = state.timestamps[rows].astype(np.float64) * 1000.0 + state.seqs[rows] % 1000
+        batch.texts = _pick(state.texts, row_list)
+        batch.sources = _pick(state.sources, row_list)
+        batch.bodies = state.item_bodies(row_list)
+        batch.order = keys
+        batch.tokens = state.tokens[rows]
+        batch.relevance = relevance
+        batch.age_s = age
+        batch.exact_keys = state.exact[rows]
+        batch.simhashes = state.simhash[rows]
+        marks = self.superseded_turns(inp.scope) if self.superseded_turns is not None else {}
+        if marks:
+            _mark_superseded(state, batch, row_list, marks)
+        headers: list[ItemMeta] = self._day_headers(state, batch, rows) if not state.dated else []
+        batch.priority = np.zeros(len(batch.texts))
+        batch.meta = partial(_turn_meta, state, row_list, headers, batch.order)
+        if not inp.counter.stored:  # another tokenizer: every item (turn, marked turn, day) is a line counted in it
+            batch.tokens = np.array([inp.counter.line(t) for t in batch.texts], np.int32)
+            batch.bodies = None  # the builder encodes the packed ones with these counts
+        return [batch]
+
+    @staticmethod
+    def _day_headers(state: _UserIndex, batch: CandidateBatch, rows: np.ndarray) -> list[ItemMeta]:
+        """One "[8 May 2023]" item per day of the candidates, ahead of them: relevance and recency of
+        the day's best turn (so it is packed before any of them) and an order key just before the
+        day's first turn. A day's date costs its tokens once instead of on every turn. Returns the
+        headers' item metadata."""
+        days = state.day_of[rows]
+        uniq, first, inverse = np.unique(days, return_index=True, return_inverse=True)
+        min_age = np.full(len(uniq), np.inf)
+        np.minimum.at(min_age, inverse, np.asarray(batch.age_s, np.float64))
+        min_key = np.full(len(uniq), np.inf)
+        np.minimum.at(min_key, inverse, batch.order)
+        min_key -= 0.5
+        texts, tokens, exact, simhash, sources, bodies, times = zip(*_pick(state.day_items, uniq.tolist()), strict=True)
+        metas: list[ItemMeta] = [(0, t, k, ()) for t, k in zip(times, min_key.tolist(), strict=True)]
+        batch.texts = [*texts, *batch.texts]
+        batch.sources = [*sources, *batch.sources]
+        batch.bodies = [*bodies, *batch.bodies]
+        batch.order = np.concatenate([min_key, batch.order])
+        batch.tokens = np.concatenate([np.array(tokens, np.int32), batch.tokens])
+        batch.relevance = np.concatenate([np.asarray(batch.relevance, np.float64)[first], batch.relevance])
+        batch.age_s = np.concatenate([min_age, batch.age_s])
+        batch.exact_keys = np.concatenate([np.array(exact, np.uint64), batch.exact_keys])
+        batch.simhashes = np.concatenate([np.array(simhash, np.uint64), batch.simhashes])
+        return metas
+
+
+def _mark_superseded(state: _UserIndex, batch: CandidateBatch, rows: list[int],
+                     marks: dict[str, SupersededTurn]) -> None:
+    """A recalled turn whose memory was superseded says so, with the date and what replaced it, and
+    ranks at half its relevance and below every turn of the current memory among the candidates."""
+    hit = [j for j, row in enumerate(rows) if state.ids[row] in marks]
+    if not hit:
+        return
+    relevance = np.array(batch.relevance, np.float64)
+    texts, bodies, toks = list(batch.texts), list(batch.bodies), np.array(batch.tokens, np.int32)
+    for j in hit:
+        row = rows[j]
+        mark = marks[state.ids[row]]
+        current = [relevance[k] for k, r in enumerate(rows) if state.ids[r] in mark.current_sources]
+        relevance[j] = min([relevance[j] * 0.5, *(0.99 * c for c in current)])
+        texts[j] = f"[superseded on {date_label(mark.at_ms)[1:-1]} by: {mark.by}] {state.texts[row]}"
+        toks[j] = count_line(texts[j])
+        bodies[j] = fastpath.encode_item(state.sources[row], Category.MEMORIES, int(toks[j]), texts[j],
+                                         int(state.roles[row]), int(state.timestamps[row]), (state.ids[row],))
+    batch.relevance, batch.texts, batch.bodies, batch.tokens = relevance, texts, bodies, toks
+
+
+def _dense_query(query: str, state: _UserIndex | None, r: Ranking) -> str:
+    """The query as embedded: without the speakers' names and their "'s" when r.dense_query_names is
+    off ("What did Ann's dog eat?" -> "What did dog eat?"; the speaker boost has the names)."""
+    if r.dense_query_names or state is None or not state.name_words:
+        return query
+    out = names_pattern(state.name_words).sub("", query).strip()
+    return out if _WORD_RE.search(out.lower()) else query  # only names: the query as asked
+
+
+def _turn_meta(state: _UserIndex, rows: list[int], headers: list[ItemMeta], order: np.ndarray, j: int) -> ItemMeta:
+    """Item metadata of the j-th candidate (day headers first, then turns), made only when asked for."""
+    if j < len(headers):
+        return headers[j]
+    row = rows[j - len(headers)]
+    return int(state.roles[row]), int(state.timestamps[row]), float(order[j]), (state.ids[row],)
