@@ -431,21 +431,24 @@ def _keep_history_whole(live: list[CandidateBatch], max_hamming: int) -> None:
     history = next((b for b in live if b.category == SoftCategory.RECENT_MESSAGES), None)
     if history is None:
         return
-    keys, sims = np.asarray(history.exact_keys, np.uint64), np.asarray(history.simhashes, np.uint64)
-    sims_at = np.flatnonzero(sims)
-    for b in live:
-        if b is history:
-            continue
-        ex, sh = np.asarray(b.exact_keys, np.uint64), np.asarray(b.simhashes, np.uint64)
-        same = (ex[:, None] == keys[None, :]) & (ex[:, None] != 0)
-        near = np.bitwise_count(sh[:, None] ^ sims[None, sims_at]) <= max_hamming
-        near &= sh[:, None] != 0
-        of = np.where(same.any(1), same.argmax(1), np.where(near.any(1), sims_at[near.argmax(1)] if len(sims_at) else 0, -1))
-        repeats = np.flatnonzero(of >= 0).tolist()
-        if repeats:
-            b.exclude(set(repeats))
-            b.dropped = [*b.dropped, *(SourceDrop(b.sources[j], b.category, DROP_DUPLICATE, int(b.tokens[j]),
-                                                  history.sources[int(of[j])]) for j in repeats)]
+    others = [b for b in live if b is not history]
+    if others:
+        # One compiled dedup walk with the history first: whatever another candidate duplicates, it is
+        # found among the history's kept items before any other's.
+        n_history = len(history)
+        keys = np.concatenate([np.asarray(b.exact_keys, np.uint64) for b in (history, *others)])
+        sims = np.concatenate([np.asarray(b.simhashes, np.uint64) for b in (history, *others)])
+        dup_of = fastpath.dedup(np.arange(len(keys), dtype=np.int64), keys, sims, np.ones(len(keys), np.uint8),
+                                max_hamming)
+        start = n_history
+        for b in others:
+            of = dup_of[start:start + len(b)]
+            start += len(b)
+            repeats = np.flatnonzero((of >= 0) & (of < n_history)).tolist()
+            if repeats:
+                b.exclude(set(repeats))
+                b.dropped = [*b.dropped, *(SourceDrop(b.sources[j], b.category, DROP_DUPLICATE, int(b.tokens[j]),
+                                                      history.sources[int(of[j])]) for j in repeats)]
     history.exact_keys = np.zeros(len(history), np.uint64)  # new arrays: the tail's stay as they are
     history.simhashes = np.zeros(len(history), np.uint64)
 
