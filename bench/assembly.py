@@ -206,7 +206,7 @@ def cold_users(quick: bool) -> dict:
         turns.append(sum(map(len, sessions)))
     app.close()
     app = Sidecar(db)  # freshly loaded: no user in memory
-    app._episodic_warm_up.join()  # a serving process has long finished its start-up work
+    app.wait_warm_up(60.0)  # a serving process has long finished its start-up work
 
     asked: dict[str, set[str]] = {uid: set() for uid, _, _ in users}
 
@@ -355,6 +355,7 @@ def main() -> None:
 
     # -- fastpath vs reference on the scenario's candidates
     app = make_app(tempfile.mkdtemp(prefix="sidecar-asm-") + "/a.duckdb")
+    app.wait_warm_up(60.0)  # as `serve` does before it takes calls
     sid = populate_inproc(app)
     req = BuildRequest(session_id=sid, query=QUERY, system_rules=RULES, tools=TOOLS)
     synthetic = app.builder.sources[-1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -130,10 +131,20 @@ class Sidecar:
         self.worker.start()
         self.kb_worker.start()
         self.knowledge.start_saver(settings.index_save_every_s)
-        threading.Thread(target=self.knowledge.warm_up, name="kb-warm-up", daemon=True).start()
         self._episodic_warm_up = threading.Thread(target=self.episodic.warm_up, name="episodic-warm-up", daemon=True)
-        self._episodic_warm_up.start()
+        self._warm_ups = (threading.Thread(target=self.knowledge.warm_up, name="kb-warm-up", daemon=True),
+                          self._episodic_warm_up)
+        for thread in self._warm_ups:
+            thread.start()
         self.feed = self._follow_other_replicas()
+
+    def wait_warm_up(self, timeout_s: float) -> bool:
+        """Wait, at most timeout_s in all, for the start-up work (word tables, index loads) run on
+        background threads; whether it finished. Calls served meanwhile compete with it for the GIL."""
+        deadline = time.monotonic() + timeout_s
+        for thread in self._warm_ups:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        return not any(thread.is_alive() for thread in self._warm_ups)
 
     @property
     def queries_hold_the_gil(self) -> bool:

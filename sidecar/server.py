@@ -271,6 +271,9 @@ def build_server(app: Sidecar, *, listen: str | None, uds: str | None, auth_toke
     return server, server.port
 
 
+WARM_UP_WAIT_S = 15.0  # the most `serve` waits for the start-up work before it takes calls
+
+
 def _settle_garbage_collector() -> None:
     """What is loaded at start-up (indexes, caches, modules) lives as long as the process: freezing
     it keeps the collector from rescanning it, and a larger first generation runs the collector less
@@ -284,6 +287,10 @@ def serve(db_path: str, *, listen: str | None, uds: str | None, auth_token: str 
           app_factory: Callable[[str], Sidecar] = Sidecar, metrics_port: int = 0, metrics_host: str = "127.0.0.1",
           rate_per_tenant: float = 0.0, tls: tuple[bytes, bytes] | None = None, tracing: Tracing | None = None) -> int:
     app = app_factory(db_path)
+    # Ready once the start-up work is done: calls served during it wait for the GIL (a 5 ms switch
+    # interval), which is most of a fresh server's tail; what it built is then frozen with the rest.
+    if not app.wait_warm_up(WARM_UP_WAIT_S):
+        log.warning("start-up work still running after %.0f s; serving anyway", WARM_UP_WAIT_S)
     _settle_garbage_collector()
     server, port = build_server(app, listen=listen, uds=uds, auth_token=auth_token, rate_per_tenant=rate_per_tenant,
                                 tls=tls, tracing=tracing)

@@ -134,3 +134,18 @@ def test_cpus_pins_every_thread_and_bad_lists_are_refused(spawn, tmp_path):
         out = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--db", str(tmp_path / "x.duckdb"),
                               "--cpus", spec], capture_output=True, text=True, timeout=30)
         assert out.returncode == 2 and "--cpus" in out.stderr and said in out.stderr
+
+
+def test_the_start_up_work_can_be_waited_for(tmp_path):
+    """serve takes calls once the start-up threads (word tables, index loads) are done: calls served
+    beside them wait for the GIL, the tail of a fresh server."""
+    from sidecar.app import Sidecar
+
+    app = Sidecar(str(tmp_path / "w.duckdb"))
+    try:
+        assert app.wait_warm_up(60.0)
+        assert not any(t.is_alive() for t in app._warm_ups) and {t.name for t in app._warm_ups} == {
+            "kb-warm-up", "episodic-warm-up"}
+        assert app.wait_warm_up(0.0)  # done: no wait
+    finally:
+        app.close()
