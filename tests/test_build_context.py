@@ -1,6 +1,7 @@
 """BuildContext through the real server: budgets, hard zone, dedup, order, prefix hash, render."""
 
 import grpc
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -104,20 +105,24 @@ def test_cache_aware_history_keeps_a_repeated_message(stub, scope, session_id):
 
 
 def test_cache_aware_other_candidates_repeating_the_history_are_dropped():
-    history = CandidateBatch(SoftCategory.RECENT_MESSAGES, Section.RECENT_MESSAGES,
-                             texts=["user: the invoice run failed at 02:00 UTC on ledger-db", "assistant: looking"],
-                             sources=["message:a", "message:b"], tokens=[12, 3])
     memories = CandidateBatch(SoftCategory.MEMORIES, Section.MEMORIES,
                               texts=["user: the invoice run failed at 02:00 UTC on ledger-db",
                                      "user: the invoice run failed at 02:00 UTC on ledger-db!", "prefers short answers"],
                               sources=["memory:1", "memory:2", "memory:3"], tokens=[12, 13, 4])
-    for b in (history, memories):
+    history = CandidateBatch(SoftCategory.RECENT_MESSAGES, Section.RECENT_MESSAGES,
+                             texts=["user: the invoice run failed at 02:00 UTC on ledger-db", "assistant: looking"],
+                             sources=["message:a", "message:b"], tokens=[12, 3])
+    live = [memories, history]  # the history first in the walk wherever it stands
+    for b in live:
         b.exact_keys, b.simhashes = fastpath.text_keys(list(b.texts))
-    _keep_history_whole([history, memories], max_hamming=3)
+    exact = np.concatenate([b.exact_keys for b in live])
+    sim = np.concatenate([b.simhashes for b in live])
+    _keep_history_whole(live, [0, 3, 5], exact, sim, max_hamming=3)
     assert memories.excluded == {0, 1}
     assert [(d.source, d.reason, d.kept_source) for d in memories.dropped] == [
         ("memory:1", pb.DROP_REASON_DUPLICATE, "message:a"), ("memory:2", pb.DROP_REASON_DUPLICATE, "message:a")]
-    assert not history.exact_keys.any() and not history.simhashes.any()
+    assert not exact[3:].any() and not sim[3:].any() and exact[:3].all()
+    assert history.exact_keys.any()  # the batch's (the tail's) keys are left as they are
 
 
 def test_low_score_and_debug_timings(stub, scope, session_id):

@@ -384,8 +384,6 @@ class ContextBuilder:
         for b in live:
             if b.exact_keys is None:  # sources that did not precompute their keys
                 b.exact_keys, b.simhashes = _text_keys(b.texts)
-        if whole_history:
-            _keep_history_whole(live, self.weights.max_hamming)
         sizes = [len(b) for b in live]
         offsets = [0, *itertools.accumulate(sizes)]
         cat_ids = np.array([int(b.category) for b in live], np.int32)
@@ -394,6 +392,8 @@ class ContextBuilder:
                                     if live else np.zeros(0, dtype))
         tokens = join("tokens", np.int32)
         exact, sim = join("exact_keys", np.uint64), join("simhashes", np.uint64)
+        if whole_history:
+            _keep_history_whole(live, offsets, exact, sim, self.weights.max_hamming)
         relevance, age, priority = join("relevance", np.float64), join("age_s", np.float64), join("priority", np.float64)
         cat_budget = np.array([getattr(budget, f) for f in SOFT_BUDGET_FIELDS], np.int64)
         clock.lap("features")
@@ -423,34 +423,34 @@ class ContextBuilder:
         return soft_sections, usage, dropped, counts, int(sel.used.sum())
 
 
-def _keep_history_whole(live: list[CandidateBatch], max_hamming: int) -> None:
+def _keep_history_whole(live: list[CandidateBatch], offsets: list[int], exact: np.ndarray, sim: np.ndarray,
+                        max_hamming: int) -> None:
     """Cache-aware layout: deduplication never drops a history message (a message said twice is two
     events, and a hole would move the prompt's prefix). A candidate of another kind that repeats one
     (the same text, or a near duplicate as the selection judges it) is left out instead, and the
-    history's own keys are cleared for the selection."""
-    history = next((b for b in live if b.category == SoftCategory.RECENT_MESSAGES), None)
-    if history is None:
+    history's keys are cleared in `exact` and `sim`, the selection's joined keys (`offsets`: each live
+    batch's start in them)."""
+    at = next((k for k, b in enumerate(live) if b.category == SoftCategory.RECENT_MESSAGES), None)
+    if at is None:
         return
-    others = [b for b in live if b is not history]
-    if others:
+    history, lo, hi = live[at], offsets[at], offsets[at + 1]
+    if len(live) > 1:
         # One compiled dedup walk with the history first: whatever another candidate duplicates, it is
         # found among the history's kept items before any other's.
-        n_history = len(history)
-        keys = np.concatenate([np.asarray(b.exact_keys, np.uint64) for b in (history, *others)])
-        sims = np.concatenate([np.asarray(b.simhashes, np.uint64) for b in (history, *others)])
-        dup_of = fastpath.dedup(np.arange(len(keys), dtype=np.int64), keys, sims, np.ones(len(keys), np.uint8),
-                                max_hamming)
-        start = n_history
-        for b in others:
-            of = dup_of[start:start + len(b)]
-            start += len(b)
-            repeats = np.flatnonzero((of >= 0) & (of < n_history)).tolist()
+        n = len(exact)
+        order = np.concatenate([np.arange(lo, hi), np.arange(0, lo), np.arange(hi, n)]).astype(np.int64)
+        dup_of = fastpath.dedup(order, exact, sim, np.ones(n, np.uint8), max_hamming)
+        for k, b in enumerate(live):
+            if k == at:
+                continue
+            of = dup_of[offsets[k]:offsets[k + 1]]
+            repeats = np.flatnonzero((of >= lo) & (of < hi)).tolist()
             if repeats:
                 b.exclude(set(repeats))
                 b.dropped = [*b.dropped, *(SourceDrop(b.sources[j], b.category, DROP_DUPLICATE, int(b.tokens[j]),
-                                                      history.sources[int(of[j])]) for j in repeats)]
-    history.exact_keys = np.zeros(len(history), np.uint64)  # new arrays: the tail's stay as they are
-    history.simhashes = np.zeros(len(history), np.uint64)
+                                                      history.sources[int(of[j]) - lo]) for j in repeats)]
+    exact[lo:hi] = 0  # the joined arrays are the selection's own: the tail's keys stay as they are
+    sim[lo:hi] = 0
 
 
 SOFT_CATEGORIES = tuple(SoftCategory)  # iterating an enum class is slow on the hot path
