@@ -28,7 +28,7 @@ WINDOW_FACTOR = 2
 MAX_WINDOW_MESSAGES = 400
 MAX_TOOL_ITEMS = 256  # a session's tool results' history items kept made (its view holds the newest ones)
 BLOCKS_PER_ROOM = 2  # a window start forced by the budget moves by this share of the room at once
-VIEW_RESERVE = 4  # a session with tool results keeps 1/4 of the room for the turn's views (one view's most)
+VIEW_RESERVE = 4  # a session with tool results keeps 1/4 of the room for the turn's views: one view's most
 
 
 class MessageSource:
@@ -47,9 +47,7 @@ class MessageSource:
             start, tools = _cache_aware_window(inp, tail, sizes, room)
         else:  # more than the budget holds: the selector keeps the newest that fit
             tools = []
-            within = int(np.searchsorted(np.cumsum(sizes[-MAX_WINDOW_MESSAGES:][::-1]), max(room * WINDOW_FACTOR, 1),
-                                         side="right"))
-            start = len(tail.messages) - max(within, 1)
+            start = len(tail.messages) - _newest_within(sizes, room * WINDOW_FACTOR)
         if not tail.messages:
             if tools:
                 _add_tools(_empty(batch), tools, tail, [])
@@ -171,7 +169,7 @@ def _with_views(inp: BuildInput, results: list[ToolResult], briefs: list[ToolIte
     for i in reversed(current):
         view = _tool_item(inp.view.history_items, results[i], True, inp.counter)
         extra = view.tokens - briefs[i].tokens
-        if view.tokens <= room // 4 and used + extra <= room:
+        if view.tokens <= room // VIEW_RESERVE and used + extra <= room:
             tools[i], used = view, used + extra
     return tools
 
