@@ -13,6 +13,7 @@ from pathlib import Path
 from sidecar import text_caches
 from sidecar.assembly.builder import ContextBuilder
 from sidecar.assembly.message_source import MessageSource
+from sidecar.assembly.prompt_cache import prompt_head
 from sidecar.compress.service import SUMMARY_JOB, CompressionService, CompressionSettings
 from sidecar.compress.sources import SummarySource, ToolObservationSource, pinned_items
 from sidecar.compress.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
@@ -116,6 +117,8 @@ class Sidecar:
         if not isinstance(self.embedder, HashEmbedder):  # a model: past turns ranked with its cosine too
             self.episodic.use_model(self.embedder)
         self.builder.sources.append(self.episodic)
+        self.compression.head_moved = lambda scope, view: self.builder.prompts.head_moved(
+            (scope.tenant_id, scope.user_id, view.session.session_id), prompt_head(view))
         self.store.append_listeners.append(self.episodic.on_append)
         self.memories.on_forget(self.episodic.forget)
         self.memories.on_delete(self.episodic.exclude)

@@ -224,3 +224,63 @@ def test_the_summary_folds_what_tool_outputs_take_in_the_history(stub, scope, se
     assert summary and "any errors?" in summary[0]
     history = [it.text for sec in resp.sections if sec.kind == pb.SECTION_KIND_RECENT_MESSAGES for it in sec.items]
     assert not any("turn 0: any errors?" in t for t in history) and any("turn 13: any errors?" in t for t in history)
+
+
+def test_the_turns_newest_output_keeps_its_view_once_the_history_is_full(stub, scope, session_id):
+    """Past folds, with the history at its budget: the output the model just asked for is shown by its
+    view as in the classic layout (paid from the tool observations' budget), not cut to a brief; the
+    turn before's output is shown by its brief."""
+    s = dict(scope=scope, session_id=session_id)
+    recorded = []
+    for turn in range(16):
+        stub.AppendMessages(pb.AppendMessagesRequest(**s, messages=[
+            pb.NewMessage(role=pb.ROLE_USER, text=f"turn {turn}: any errors on ledger-db?"),
+            pb.NewMessage(role=pb.ROLE_ASSISTANT, text="calling get_logs", tool_name="get_logs")]))
+        run = stub.StartRun(pb.StartRunRequest(**s, goal="check")).run_id
+        recorded.append(stub.RecordToolResult(pb.RecordToolResultRequest(
+            **s, run_id=run, tool_name="get_logs", call_id=f"c{turn}", full_text=_log("ledger-db", 90, turn))
+        ).tool_result_id)
+        if turn < 15:
+            stub.AppendMessages(pb.AppendMessagesRequest(**s, messages=[
+                pb.NewMessage(role=pb.ROLE_ASSISTANT, text=f"ledger-db fine at turn {turn}")]))
+            jobs = list(stub.CommitTurn(pb.CommitTurnRequest(**s)).job_ids)
+            stub.WaitForJobs(pb.WaitForJobsRequest(scope=scope, job_ids=jobs, timeout_ms=30_000))
+
+    def shown(layout):
+        resp = _build(stub, scope, session_id, query="what do the logs say?", layout=layout,
+                      budget=pb.Budget(recent_messages=3000))  # a view over a quarter of the history's room
+        return resp, {it.source: it for sec in resp.sections for it in sec.items}
+
+    aware, items = shown(pb.LAYOUT_CACHE_AWARE)
+    _, classic = shown(pb.LAYOUT_CLASSIC)
+    assert pb.SECTION_KIND_SUMMARY in _kinds(aware)  # the history has folded
+    newest, before = items[f"tool:{recorded[-1]}"], items[f"tool:{recorded[-2]}"]
+    assert newest.text == classic[f"tool:{recorded[-1]}"].text
+    assert newest.tokens > 3 * before.tokens
+    history = [it.source for sec in aware.sections if sec.kind == pb.SECTION_KIND_RECENT_MESSAGES for it in sec.items]
+    assert history[-1] == f"tool:{recorded[-1]}"  # after the call that asked for it
+
+
+def test_a_fold_comes_early_when_the_next_prompt_changes_before_the_summary_anyway(stub, scope):
+    """Two sessions with the same turns; in one a fact is confirmed after a model call, early and then
+    late in the summary window. Its next prompt is sent again from the state on, so the late change
+    folds the history there and then (the early one is too soon to fold); the other session folds only
+    when the window is full."""
+    first_summary = {}
+    for name, fact_turns in (("plain", ()), ("facts", (8, 36))):
+        sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope, title=name)).session_id
+        for i in range(45):
+            _say(stub, scope, sid, f"turn {i}: gateway node {i} rotated its certificate in {i % 9 + 2} minutes, "
+                 f"canary green, p99 {100 + i} ms, error rate flat, no pages, change ticket CHG-{4000 + i} closed; "
+                 "the runbook now lists the new expiry date and the on-call rota was told in the channel",
+                 f"noted for node {i}: rotated, canary green, ticket CHG-{4000 + i} closed, runbook updated")
+            _build(stub, scope, sid, query="status?")
+            if i in fact_turns:
+                stub.UpsertFacts(pb.UpsertFactsRequest(scope=scope, session_id=sid, facts=[pb.FactInput(
+                    key=f"rotated_{i}", value="yes", provenance=pb.PROVENANCE_USER_CONFIRMED)]))
+            jobs = list(stub.CommitTurn(pb.CommitTurnRequest(scope=scope, session_id=sid)).job_ids)
+            stub.WaitForJobs(pb.WaitForJobsRequest(scope=scope, job_ids=jobs, timeout_ms=30_000))
+            resp = _build(stub, scope, sid, query="status?")
+            if pb.SECTION_KIND_SUMMARY in _kinds(resp):
+                first_summary.setdefault(name, i)
+    assert first_summary.get("facts") == 36 < first_summary["plain"], first_summary

@@ -26,7 +26,7 @@ from sidecar.assembly.candidates import (
     SourceDrop,
     query_texts,
 )
-from sidecar.assembly.prompt_cache import PromptCache, PromptMemory
+from sidecar.assembly.prompt_cache import PromptCache, PromptMemory, prompt_head
 from sidecar.assembly.session_recall import RECALLED, SessionRecall, leave_out
 from sidecar.clock import now_ms
 from sidecar.domain import Category, Fact, Role, Scope
@@ -295,7 +295,8 @@ class ContextBuilder:
         packed = [PackedSection.of_items(s, items) for s, items in hard] + soft_sections
         packed.sort(key=_render_rank if req.cache_aware else _kind)
         soft_tokens += sum(header_tokens[p.kind] for p in soft_sections if p.bodies)
-        cache = self.prompts.compare((scope.tenant_id, scope.user_id, req.session_id), packed, header_tokens)
+        cache = self.prompts.compare((scope.tenant_id, scope.user_id, req.session_id), packed, header_tokens,
+                                     prompt_head(view))
         clock.lap("render")
         if self.stage_observer is not None:
             self.stage_observer(clock.laps)
@@ -425,32 +426,39 @@ class ContextBuilder:
 
 def _keep_history_whole(live: list[CandidateBatch], offsets: list[int], exact: np.ndarray, sim: np.ndarray,
                         max_hamming: int) -> None:
-    """Cache-aware layout: deduplication never drops a history message (a message said twice is two
-    events, and a hole would move the prompt's prefix). A candidate of another kind that repeats one
-    (the same text, or a near duplicate as the selection judges it) is left out instead, and the
-    history's keys are cleared in `exact` and `sim`, the selection's joined keys (`offsets`: each live
-    batch's start in them)."""
-    at = next((k for k, b in enumerate(live) if b.category == SoftCategory.RECENT_MESSAGES), None)
-    if at is None:
+    """Cache-aware layout: deduplication never drops a history item (a message said twice is two events,
+    two runs of a tool may return near-identical logs, and a hole would move the prompt's prefix). A
+    candidate outside the history that repeats one (the same text, or a near duplicate as the selection
+    judges it) is left out instead, and the history's keys are cleared in `exact` and `sim`, the
+    selection's joined keys (`offsets`: each live batch's start in them)."""
+    history = [k for k, b in enumerate(live) if b.section == Section.RECENT_MESSAGES]
+    if not history:
         return
-    history, lo, hi = live[at], offsets[at], offsets[at + 1]
-    if len(live) > 1:
+    n = len(exact)
+    in_history = np.zeros(n, bool)
+    for k in history:
+        in_history[offsets[k]:offsets[k + 1]] = True
+    if len(live) > len(history):
         # One compiled dedup walk with the history first: whatever another candidate duplicates, it is
         # found among the history's kept items before any other's.
-        n = len(exact)
-        order = np.concatenate([np.arange(lo, hi), np.arange(0, lo), np.arange(hi, n)]).astype(np.int64)
+        everything = np.arange(n, dtype=np.int64)
+        order = np.concatenate([everything[in_history], everything[~in_history]])
         dup_of = fastpath.dedup(order, exact, sim, np.ones(n, np.uint8), max_hamming)
+        starts = np.asarray(offsets[:-1], np.int64)
         for k, b in enumerate(live):
-            if k == at:
+            if k in history:
                 continue
             of = dup_of[offsets[k]:offsets[k + 1]]
-            repeats = np.flatnonzero((of >= lo) & (of < hi)).tolist()
+            repeats = np.flatnonzero((of >= 0) & in_history[np.maximum(of, 0)]).tolist()
             if repeats:
                 b.exclude(set(repeats))
-                b.dropped = [*b.dropped, *(SourceDrop(b.sources[j], b.category, DROP_DUPLICATE, int(b.tokens[j]),
-                                                      history.sources[int(of[j]) - lo]) for j in repeats)]
-    exact[lo:hi] = 0  # the joined arrays are the selection's own: the tail's keys stay as they are
-    sim[lo:hi] = 0
+                owner = np.searchsorted(starts, of[repeats], side="right") - 1
+                b.dropped = [*b.dropped, *(
+                    SourceDrop(b.sources[j], b.category, DROP_DUPLICATE, int(b.tokens[j]),
+                               live[int(o)].sources[int(of[j]) - offsets[int(o)]])
+                    for j, o in zip(repeats, owner.tolist(), strict=True))]
+    exact[in_history] = 0  # the joined arrays are the selection's own: the tail's keys stay as they are
+    sim[in_history] = 0
 
 
 SOFT_CATEGORIES = tuple(SoftCategory)  # iterating an enum class is slow on the hot path

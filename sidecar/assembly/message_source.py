@@ -4,8 +4,9 @@ In the cache-aware layout the window starts where the rolling summary ends (the 
 blocks, so the start moves in blocks too) and, when what is left is more than the budget allows,
 at the start of a block of history (half the room, counted in the tokens each message will keep):
 consecutive calls share the whole history but its newest turns. Tool results join the history after
-the message they followed: those of the current turn (since the user last spoke) as their view, earlier
-ones as their brief, so a turn's outputs shrink once, when the user speaks next, and then stay put."""
+the message they followed: those of the current turn (since the user last spoke) as their view, paid
+from the tool observations' budget as this call's observations are, earlier ones as their brief, paid
+from the history's; a turn's outputs shrink once, when the user speaks next, and then stay put."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ WINDOW_FACTOR = 2
 MAX_WINDOW_MESSAGES = 400
 MAX_TOOL_ITEMS = 256  # a session's tool results' history items kept made (its view holds the newest ones)
 BLOCKS_PER_ROOM = 2  # a window start forced by the budget moves by this share of the room at once
-VIEW_RESERVE = 4  # a session with tool results keeps 1/4 of the room for the turn's views: one view's most
+VIEW_RESERVE = 4  # a session with tool results keeps 1/4 of the room for the turn's growth (lines, briefs)
 
 
 class MessageSource:
@@ -43,15 +44,18 @@ class MessageSource:
         room = inp.budget.recent_messages - (counter.plus_newline(summary.text, summary.tokens)
                                              if inp.cache_aware and summary and summary.text else 0)
         sizes = line_tokens + MESSAGE_LINE_EXTRA
+        views: list[tuple[int, ToolItem]] = []
         if inp.cache_aware:
-            start, tools = _cache_aware_window(inp, tail, sizes, room)
+            start, tools, views = _cache_aware_window(inp, tail, sizes, room)
         else:  # more than the budget holds: the selector keeps the newest that fit
             tools = []
             start = len(tail.messages) - _newest_within(sizes, room * WINDOW_FACTOR)
         if not tail.messages:
+            _empty(batch)
+            batches = [batch, _view_batch(views, tail, [], batch)] if views else [batch]
             if tools:
-                _add_tools(_empty(batch), tools, tail, [])
-            return [batch]
+                _add_tools(batch, tools, tail, [])
+            return batches
         window = tail.messages[start:]
         n = len(window)
         batch.texts = tail.lines[start:]
@@ -66,10 +70,14 @@ class MessageSource:
         batch.bodies = bodies[start:]
         batch.exact_keys = tail.exact_keys[start:]
         batch.simhashes = tail.simhashes[start:]
-        shown = [t for t in tools if window and t.at >= window[0].created_at_ms]
+        shown = [(i, t) for i, t in tools if window and t.at >= window[0].created_at_ms]
+        views = [(i, t) for i, t in views if window and t.at >= window[0].created_at_ms]
+        batches = [batch]
+        if views:  # before the briefs join the history batch: its arrays are the messages' alone
+            batches.append(_view_batch(views, tail, window, batch))
         if shown:
             _add_tools(batch, shown, tail, window)
-        return [batch]
+        return batches
 
 
 def _tool_item(made: dict, r: ToolResult, view: bool, counter: TokenCounter) -> ToolItem:
@@ -97,30 +105,56 @@ class ToolItem(NamedTuple):
     at: int  # when it was recorded
 
 
-def _add_tools(batch: CandidateBatch, tools: list[ToolItem], tail, window) -> None:
-    """Tool results join the window after the message they followed, with its priority."""
+def _placed(tools: list[tuple[int, ToolItem]], tail, window, history: CandidateBatch
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Each tool result's place in the history, after the message it followed (results of one message in
+    the order recorded: `tools` pairs each with its index among the session's results), and that
+    message's priority."""
     first = len(tail.messages) - len(window)
-    at = np.maximum(np.searchsorted(tail.created[first:], [t.at for t in tools], side="right") - 1, 0)
-    seqs = np.asarray(batch.order, np.float64)
+    at = np.maximum(np.searchsorted(tail.created[first:], [t.at for _, t in tools], side="right") - 1, 0)
+    seqs = np.asarray(history.order, np.float64)
     base = seqs[at] if len(seqs) else np.zeros(len(tools))  # no message yet: in the order recorded
-    order = base + 0.5 + np.arange(len(tools)) * 1e-4
-    texts = [t.text for t in tools]
+    order = base + 0.5 + np.asarray([i for i, _ in tools], np.float64) * 1e-4
+    priority = np.asarray(history.priority, np.float64)
+    return order, priority[at] if len(priority) else np.ones(len(tools))
+
+
+def _add_tools(batch: CandidateBatch, tools: list[tuple[int, ToolItem]], tail, window) -> None:
+    """Tool results (briefs) join the window after the message they followed, with its priority."""
+    order, priority = _placed(tools, tail, window, batch)
+    items = [t for _, t in tools]
+    texts = [t.text for t in items]
     exact, sim = fastpath.text_keys(texts)
     n = len(batch.texts)
-    metas = [(int(Role.TOOL), t.at, o, ()) for t, o in zip(tools, order.tolist(), strict=True)]
+    metas = [(int(Role.TOOL), t.at, o, ()) for t, o in zip(items, order.tolist(), strict=True)]
     own = batch.meta
     batch.meta = lambda j: own(j) if j < n else metas[j - n]
     batch.texts = [*batch.texts, *texts]
-    batch.sources = [*batch.sources, *(t.source for t in tools)]
-    batch.tokens = np.concatenate([batch.tokens, [t.tokens for t in tools]])
+    batch.sources = [*batch.sources, *(t.source for t in items)]
+    batch.tokens = np.concatenate([batch.tokens, [t.tokens for t in items]])
     batch.relevance = np.zeros(len(batch.texts))
     batch.age_s = np.zeros(len(batch.texts))
-    own_priority = np.asarray(batch.priority, np.float64)
-    batch.priority = np.concatenate([own_priority, own_priority[at] if len(own_priority) else np.ones(len(tools))])
-    batch.order = np.concatenate([seqs, order])
-    batch.bodies = [*batch.bodies, *(t.body for t in tools)]
+    batch.priority = np.concatenate([np.asarray(batch.priority, np.float64), priority])
+    batch.order = np.concatenate([np.asarray(batch.order, np.float64), order])
+    batch.bodies = [*batch.bodies, *(t.body for t in items)]
     batch.exact_keys = np.concatenate([batch.exact_keys, exact])
     batch.simhashes = np.concatenate([batch.simhashes, sim])
+
+
+def _view_batch(views: list[tuple[int, ToolItem]], tail, window, history: CandidateBatch) -> CandidateBatch:
+    """The current turn's views: shown in the history after the message they followed, packed under
+    the tool observations' budget (they are this call's observations; the history's budget holds what
+    each turn keeps once it is over)."""
+    order, _ = _placed(views, tail, window, history)
+    items = [t for _, t in views]
+    texts = [t.text for t in items]
+    exact, sim = fastpath.text_keys(texts)
+    metas = [(int(Role.TOOL), t.at, o, ()) for t, o in zip(items, order.tolist(), strict=True)]
+    n = len(items)
+    return CandidateBatch(category=SoftCategory.TOOL_OBSERVATIONS, section=Section.RECENT_MESSAGES, texts=texts,
+                          sources=[t.source for t in items], tokens=np.asarray([t.tokens for t in items], np.int32),
+                          relevance=np.zeros(n), age_s=np.zeros(n), priority=np.ones(n), meta=metas.__getitem__,
+                          order=order, bodies=[t.body for t in items], exact_keys=exact, simhashes=sim)
 
 
 def _empty(batch: CandidateBatch) -> CandidateBatch:
@@ -131,21 +165,22 @@ def _empty(batch: CandidateBatch) -> CandidateBatch:
     return batch
 
 
-def _cache_aware_window(inp: BuildInput, tail, sizes: np.ndarray, room: int) -> tuple[int, list[ToolItem]]:
-    """Where the history starts and how each of the session's tool results is shown: only what the room
-    holds beside the summary, so the whole window is packed and its start is the prompt's.
+def _cache_aware_window(inp: BuildInput, tail, sizes: np.ndarray, room: int
+                        ) -> tuple[int, list[tuple[int, ToolItem]], list[tuple[int, ToolItem]]]:
+    """Where the history starts, the session's tool results shown by their briefs in it, and the current
+    turn's shown by their views (each paired with its index among the session's results).
 
     The start is chosen when the user speaks, by what each message keeps once its turn is over (its line
     and its tool results' briefs, which never change), leaving a share of the room for the turn's own
     tool loop: the model calls of one turn share the whole history, and the start moves (in blocks) only
     at a user's turn, with the summary's folds. Only a turn that outgrows its share moves it within the
-    turn. The current turn's results are then shown as their views, newest first, while they fit (a view
-    over a quarter of the room never does)."""
+    turn. The current turn's results are shown as their views, newest first, while the tool observations'
+    budget holds them; the others as their briefs."""
     results = inp.view.tool_results
     briefs = [_tool_item(inp.view.history_items, r, False, inp.counter) for r in results]
     n = len(tail.messages)
     if not n:
-        return 0, _with_views(inp, results, briefs, range(len(results)), 0, room)
+        return 0, *_with_views(inp, results, briefs, range(len(results)))
     settled, first_held, anchor = sizes, 0, np.zeros(0, np.int64)
     if results:  # each result follows the newest message stored before it (or in the same millisecond)
         anchor = np.maximum(np.searchsorted(tail.created, [r.created_at_ms for r in results], side="right") - 1, 0)
@@ -157,21 +192,22 @@ def _cache_aware_window(inp: BuildInput, tail, sizes: np.ndarray, room: int) -> 
     at_turn = turn + 1 - _newest_within(settled[:turn + 1], room - reserve)  # chosen when the user spoke
     fits = n - _newest_within(settled, room)  # what the whole turn needs
     start = _stepped_start(tail, max(at_turn, fits, first_held), settled, room, inp)
-    current = np.flatnonzero(anchor >= turn).tolist()
-    return start, _with_views(inp, results, briefs, current, int(settled[start:].sum()), room)
+    return start, *_with_views(inp, results, briefs, np.flatnonzero(anchor >= turn).tolist())
 
 
-def _with_views(inp: BuildInput, results: list[ToolResult], briefs: list[ToolItem], current: Sequence[int],
-                used: int, room: int) -> list[ToolItem]:
-    """The results as shown: the current turn's (`current`) as their views, newest first, while they fit
-    beside the `used` tokens; every other one as its brief."""
-    tools = list(briefs)
+def _with_views(inp: BuildInput, results: list[ToolResult], briefs: list[ToolItem], current: Sequence[int]
+                ) -> tuple[list[tuple[int, ToolItem]], list[tuple[int, ToolItem]]]:
+    """(briefs, views): the current turn's results (`current`) as their views, newest first, while the
+    tool observations' budget holds them; every other one as its brief."""
+    viewed: dict[int, ToolItem] = {}
+    left = inp.budget.tool_observations
     for i in reversed(current):
         view = _tool_item(inp.view.history_items, results[i], True, inp.counter)
-        extra = view.tokens - briefs[i].tokens
-        if view.tokens <= room // VIEW_RESERVE and used + extra <= room:
-            tools[i], used = view, used + extra
-    return tools
+        if view.tokens > left:
+            break  # an older view would leave a newer one's place to its brief: the newest run only
+        viewed[i], left = view, left - view.tokens
+    return ([(i, b) for i, b in enumerate(briefs) if i not in viewed],
+            [(i, viewed[i]) for i in sorted(viewed)])
 
 
 def _newest_within(sizes: np.ndarray, room: int) -> int:

@@ -1,18 +1,20 @@
 """What of a prompt a provider may serve from its cache: per section a digest, the tokens at its
 start identical to the session's previous prompt, and where cache breakpoints go (end of tools,
 end of state, end of history). The previous prompt of each session is kept as its sections'
-digests and its items' hashes, in memory (a restarted sidecar reports 0 for one call)."""
+digests, its items' hashes and the head it was built on (state, pinned constraints), in memory (a
+restarted sidecar reports 0 for one call)."""
 
 from __future__ import annotations
 
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from sidecar.assembly.candidates import Section
+from sidecar.store.cache import SessionView
 
 MAX_SESSIONS = 4096
 # A breakpoint after the last non-empty section of each group (the prefix a provider caches).
@@ -50,27 +52,40 @@ class _Seen:
     item_hashes: tuple[int, ...]
 
 
+def prompt_head(view: SessionView) -> Hashable:
+    """What the sections before the summary are made of that a session changes: its confirmed facts
+    (their version) and its pinned constraints."""
+    return view.state_version, tuple(p.pin_id for p in view.pinned if not p.unpinned_at_ms)
+
+
 class PromptMemory:
     def __init__(self, max_sessions: int = MAX_SESSIONS) -> None:
         self.max_sessions = max_sessions
-        self._previous: OrderedDict[tuple[str, str, str], list[_Seen]] = OrderedDict()
+        self._previous: OrderedDict[tuple[str, str, str], tuple[list[_Seen], Hashable]] = OrderedDict()
         self._lock = threading.Lock()
 
     def compare(self, key: tuple[str, str, str], packed: Sequence[Packed],
-                header_tokens: Mapping[Section, int]) -> PromptCache:
+                header_tokens: Mapping[Section, int], head: Hashable = None) -> PromptCache:
         """The cache report of this prompt (sections in render order) against the session's previous
-        one, which it then replaces."""
+        one, which it then replaces (with the `head` it was built on: see prompt_head)."""
         seen = [_Seen(SectionDigest(p.kind, _digest(p.bodies), p.tokens + header_tokens.get(p.kind, 0)),
                       tuple(map(hash, p.bodies)))
                 for p in packed if p.bodies]
         with self._lock:
-            before = self._previous.pop(key, [])
-            self._previous[key] = seen
+            before, _ = self._previous.pop(key, ([], None))
+            self._previous[key] = (seen, head)
             while len(self._previous) > self.max_sessions:
                 self._previous.popitem(last=False)
         shown = [p for p in packed if p.bodies]
         return PromptCache(_shared_tokens(before, seen, shown, header_tokens), [s.digest for s in seen],
                            _breakpoints(seen))
+
+    def head_moved(self, key: tuple[str, str, str], head: Hashable) -> bool:
+        """Whether the session's last prompt was built on another head than `head`: its next prompt
+        differs from the last one before the summary, whatever follows."""
+        with self._lock:
+            last = self._previous.get(key)
+        return last is not None and last[1] != head
 
 
     def drop_user(self, tenant_id: str, user_id: str) -> None:

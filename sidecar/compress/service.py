@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -35,6 +36,10 @@ from sidecar.textmodel import Turn
 
 SUMMARY_JOB = "update_summary"
 FOLD_DOWN_TO = 0.5  # of the summary window: what a fold leaves verbatim
+# A fold comes early, once the verbatim turns pass this share of the window, when the session's next
+# prompt differs before the summary anyway (a fact or a pinned constraint changed since its last one):
+# the summary and history are sent again then, so the fold costs no cached prefix of its own.
+EARLY_FOLD_AT = 0.75
 MAX_TOOL_TEXT = 8 * 1024 * 1024
 MAX_NOTE_TEXT = 16 * 1024
 
@@ -73,6 +78,9 @@ class CompressionService:
         self.store = sessions.store
         self.settings = settings
         self.summarizer = summarizer or ExtractiveSummarizer()
+        # Whether a session's next prompt changes before the summary anyway (set by the app: the builder
+        # knows what its last prompt was built on).
+        self.head_moved: Callable[[Scope, SessionView], bool] = lambda scope, view: False
 
     # ------------------------------------------------------------------ tool results
     def record_tool_result(self, scope: Scope, session_id: str, run_id: str, tool_name: str, call_id: str,
@@ -158,11 +166,11 @@ class CompressionService:
                 at = bisect.bisect_right(created, r.created_at_ms) - 1
                 if at >= 0:
                     kept[at] += r.brief_tokens
-        # Fold in blocks: only once the verbatim turns outgrow the window, and then down to three quarters
-        # of it, so the summary (and the prompt's prefix through the history) changes once per quarter
-        # window, not after every turn.
+        # Fold in blocks: only once the verbatim turns outgrow the window (or most of it, when the next
+        # prompt changes before the summary anyway), and then down to half of it, so the summary (and the
+        # prompt's prefix through the history) changes once per half window, not after every turn.
         spent, cutoff = 0, 0
-        if sum(kept) > window:
+        if sum(kept) > (window * EARLY_FOLD_AT if self.head_moved(scope, view) else window):
             for m, size in zip(reversed(verbatim), reversed(kept), strict=True):
                 spent += size
                 if spent > window * FOLD_DOWN_TO:
