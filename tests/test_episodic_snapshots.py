@@ -83,13 +83,16 @@ class _FileStore:
 
     def __init__(self, turns: list[Message], path: Path) -> None:
         self.turns, self.path, self.reads = turns, str(path), 0
+        self.excluded: set[str] = set()
+        self.exclusion_reads = 0
 
     def list_user_messages(self, scope, roles, newest):
         self.reads += 1
         return self.turns[-newest:]
 
     def recall_exclusions(self, scope):
-        return set()
+        self.exclusion_reads += 1
+        return set(self.excluded)
 
     def session_view(self, scope, session_id):
         from types import SimpleNamespace
@@ -142,6 +145,32 @@ def test_snapshots_are_saved_on_eviction_and_close_and_dropped_when_the_rows_cha
     crashed = EpisodicSource(store, HashEmbedder(64))
     assert _files(store) == []
     assert np.array_equal(crashed.search(SCOPE, query, "", 4000)[1], rows) and store.reads == reads + 1
+
+
+def test_a_snapshot_keeps_the_hidden_turns_and_a_new_exclusion_deletes_it(tmp_path):
+    """A restored index hides what the saved one hid without reading the exclusions again; turns that
+    leave recall while the user is saved (a memory deleted) delete the snapshot, so they are never
+    recalled from it."""
+    turns = _turns(4, 6)
+    store = _FileStore(turns, tmp_path / "db.duckdb")
+    source = EpisodicSource(store, HashEmbedder(64))
+    query = "guitar by the lake"
+    _, rows, _ = source.search(SCOPE, query, "", 4000)
+    first, second = (turns[r].message_id for r in rows[:2].tolist())
+    store.excluded.add(first)
+    source.exclude(SCOPE, {first})
+    source.evict(SCOPE)
+    _, restored, _ = source.search(SCOPE, query, "", 4000)
+    assert store.reads == 1 and store.exclusion_reads == 1  # restored, the hidden turns with it
+    assert first not in {turns[r].message_id for r in restored.tolist()}
+    source.evict(SCOPE)
+    assert len(_files(store)) == 1
+    store.excluded.add(second)
+    source.exclude(SCOPE, {second})  # the user is not in memory: the snapshot goes
+    assert _files(store) == []
+    _, rebuilt, _ = source.search(SCOPE, query, "", 4000)
+    assert store.reads == 2 and store.exclusion_reads == 2
+    assert not {first, second} & {turns[r].message_id for r in rebuilt.tolist()}
 
 
 def test_no_snapshots_without_a_database_file():

@@ -439,7 +439,9 @@ def test_memories_put_get_list_history(backend, scope):
     active = backend.active_memories_with_embeddings(scope)
     assert [(m.memory_id, e) for m, e in active] == [("m2", b"\x03"), ("m3", b""), ("m4", b"\x09" * 16)]
     assert all(isinstance(e, bytes) for _, e in active) and active[2][0] == m4
-    assert backend.superseded_pairs(scope) == [("m1", "m4")]
+    assert [(m.memory_id, m.status, m.superseded_by, e) for m, e in backend.memories_with_embeddings(scope)] == [
+        ("m1", MemoryStatus.SUPERSEDED, "m4", b"\x01\x02"), ("m2", MemoryStatus.ACTIVE, "", b"\x03"),
+        ("m3", MemoryStatus.ACTIVE, "", b""), ("m4", MemoryStatus.ACTIVE, "", b"\x09" * 16)]
 
     hist = backend.memory_history(scope, "m1")
     assert [(h.action, h.reason, h.at_ms, h.memory.status, h.memory.confidence) for h in hist] == [
@@ -556,7 +558,7 @@ def test_scopes_never_see_each_other(backend, scope):
         assert backend.list_pinned(intruder, "s1") == [] and backend.get_tool_result(intruder, "tr1") is None
         assert backend.recent_tool_results(intruder, "s1", 10) == [] and backend.list_run_notes(intruder, "s1") == []
         assert backend.get_summary(intruder, "s1") is None and backend.list_subsession_results(intruder, "s1") == []
-        assert backend.superseded_pairs(intruder) == [] and backend.active_memories_with_embeddings(intruder) == []
+        assert backend.memories_with_embeddings(intruder) == [] and backend.active_memories_with_embeddings(intruder) == []
     drain_jobs(backend)
 
 

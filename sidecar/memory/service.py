@@ -61,6 +61,23 @@ def render_memory(content: str) -> str:
     return f"- {content}"
 
 
+def _turn_marks(memories: Sequence[Memory]) -> dict[str, SupersededTurn]:
+    """MemoryService.superseded_turns of a user with these memory rows (all of them, any status), read
+    newest first whatever order they come in: a turn two superseded memories were learnt from keeps the
+    mark of the one updated longest ago."""
+    rows = {m.memory_id: m for m in sorted(memories, key=lambda m: (-m.updated_at_ms, m.memory_id))}
+    marks: dict[str, SupersededTurn] = {}
+    for m in rows.values():
+        current, hops = rows.get(m.superseded_by), 0
+        while current is not None and current.status == MemoryStatus.SUPERSEDED and hops < 64:
+            current, hops = rows.get(current.superseded_by), hops + 1
+        if m.status != MemoryStatus.SUPERSEDED or current is None or current.status != MemoryStatus.ACTIVE:
+            continue
+        mark = SupersededTurn(m.updated_at_ms, current.content, frozenset(current.source_message_ids))
+        marks.update((mid, mark) for mid in m.source_message_ids if mid not in mark.current_sources)
+    return marks
+
+
 class MemoryService:
     def __init__(self, store, embedder: Embedder, *, on_forget=None) -> None:
         self.store = store
@@ -86,11 +103,15 @@ class MemoryService:
             state = self._users.get(key)
             if state is None:
                 state = UserMemories(HybridIndex(self.embedder.dim))
-                rows = self.store.active_memories_with_embeddings(scope)
-                for (memory, _), vector in zip(rows, self._stored_vectors(rows), strict=True):
+                # One query for the whole state: the active rows, who superseded whom, the turn marks.
+                rows = self.store.memories_with_embeddings(scope)
+                active = [row for row in rows if row[0].status == MemoryStatus.ACTIVE]
+                for (memory, _), vector in zip(active, self._stored_vectors(active), strict=True):
                     state.add(memory, vector)
-                for old_id, new_id_ in self.store.superseded_pairs(scope):
-                    state.superseded.setdefault(new_id_, []).append(old_id)
+                for memory, _ in rows:
+                    if memory.status == MemoryStatus.SUPERSEDED:
+                        state.superseded.setdefault(memory.superseded_by, []).append(memory.memory_id)
+                state.turn_marks = _turn_marks([m for m, _ in rows]) if state.superseded else {}
                 self._users[key] = state
             return state
 
@@ -319,18 +340,8 @@ class MemoryService:
         marks = state.turn_marks
         if marks is not None:
             return marks
-        marks = {}
-        if state.superseded:
-            rows = {m.memory_id: m for m in self.store.list_memories(
-                scope, limit=1_000_000, offset=0, types=[], include_inactive=True, now_ms=0)}
-            for m in rows.values():
-                current, hops = rows.get(m.superseded_by), 0
-                while current is not None and current.status == MemoryStatus.SUPERSEDED and hops < 64:
-                    current, hops = rows.get(current.superseded_by), hops + 1
-                if m.status != MemoryStatus.SUPERSEDED or current is None or current.status != MemoryStatus.ACTIVE:
-                    continue
-                mark = SupersededTurn(m.updated_at_ms, current.content, frozenset(current.source_message_ids))
-                marks.update((mid, mark) for mid in m.source_message_ids if mid not in mark.current_sources)
+        marks = _turn_marks(self.store.list_memories(
+            scope, limit=1_000_000, offset=0, types=[], include_inactive=True, now_ms=0)) if state.superseded else {}
         state.turn_marks = marks
         return marks
 

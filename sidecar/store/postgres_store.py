@@ -530,6 +530,12 @@ class PostgresStore:
                            [scope.tenant_id, scope.user_id, int(MemoryStatus.ACTIVE)])
         return [(records.memory_from(r), bytes(r[-1])) for r in rows]
 
+    def memories_with_embeddings(self, scope: Scope) -> list[tuple[Memory, bytes]]:
+        """Every memory row of the user (active and superseded) with its vector, in creation order."""
+        rows = self._query(scope, f"SELECT {records.MEMORY_COLS}, embedding FROM memories WHERE tenant_id = %s "
+                           "AND user_id = %s ORDER BY created_at_ms, memory_id", [scope.tenant_id, scope.user_id])
+        return [(records.memory_from(r), bytes(r[-1])) for r in rows]
+
     def memory_history(self, scope: Scope, memory_id: str) -> list[MemoryChange]:
         rows = self._query(
             scope,
@@ -550,11 +556,6 @@ class PostgresStore:
             self._append_memory_history(cur, scope, [tombstone])
             self._insert_exclusions(cur, scope, unrecall, "memory_deleted", tombstone.at_ms)
             self._log_changes(cur, scope, "memory_delete", [memory_id])
-
-    def superseded_pairs(self, scope: Scope) -> list[tuple[str, str]]:
-        return [tuple(r) for r in self._query(
-            scope, "SELECT memory_id, superseded_by FROM memories WHERE tenant_id = %s AND user_id = %s "
-            "AND status = %s", [scope.tenant_id, scope.user_id, int(MemoryStatus.SUPERSEDED)])]
 
     # ------------------------------------------------------------------ after-turn commits
     def commit_watermark(self, scope: Scope, session_id: str) -> int:

@@ -278,7 +278,7 @@ class _UserIndex(Fusion, Priors, QueryExpansion, WindowScoring):  # not slots: t
     def freeze(self, meta: tuple) -> bytes:
         """The index as bytes (EpisodicSource's snapshots), mostly arrays so that restore() makes few
         objects; `meta` (what it was built with) must match for it to be restored. Left out: the
-        hidden turns (read from the store on load), the items' bytes and lazy caches."""
+        items' bytes and lazy caches."""
         self._thaw()
         n, words = len(self.ids), self.words
         said = self._said()
@@ -288,6 +288,7 @@ class _UserIndex(Fusion, Priors, QueryExpansion, WindowScoring):  # not slots: t
             "meta": meta, "n": n, "ids": self.ids, "sessions": self.sessions, "texts": self.texts,
             "session_rows": self.session_rows, "speakers": self.speakers, "name_words": self.name_words,
             "day_items": self.day_items, "total_len": self.total_len, "words": "\n".join(words),
+            "hidden": self.hidden,
             "said": np.fromiter(said, np.int32, len(said)),
             "caps": "\x1e".join("\x1f".join(c) for c in self.row_caps),
             "term_tf": np.fromiter(itertools.chain.from_iterable(self.row_tfs), np.int32, int(self.term_ptr[n])),
@@ -301,7 +302,7 @@ class _UserIndex(Fusion, Priors, QueryExpansion, WindowScoring):  # not slots: t
         return pickle.dumps(state, protocol=5)
 
     @classmethod
-    def restore(cls, blob: bytes, meta: tuple) -> _UserIndex | None:
+    def restore(cls, blob: bytes | memoryview, meta: tuple) -> _UserIndex | None:
         """An index saved by freeze() with this `meta`, else None."""
         state = pickle.loads(blob)  # noqa: S301  # written by this process's freeze(), in its own directory
         if state.get("meta") != meta:
@@ -318,7 +319,7 @@ class _UserIndex(Fusion, Priors, QueryExpansion, WindowScoring):  # not slots: t
         out.day_items, out.total_len = state["day_items"], state["total_len"]
         out.words = state["words"].split("\n") if state["words"] else []
         out.vocab = dict(zip(out.words, range(len(out.words)), strict=True))
-        out.known = set(out.ids)
+        out.known, out.hidden = set(out.ids), state["hidden"]
         out.sources = ["message:" + mid for mid in out.ids]
         out.bodies = [None] * n
         out._said_rows, out._said_upto = set(state["said"].tolist()), len(out.words)

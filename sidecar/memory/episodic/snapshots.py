@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections import OrderedDict
 from pathlib import Path
 
 log = logging.getLogger("sidecar.episodic")
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 SAVE_AT_CLOSE_S = 10.0  # at close, users' indexes are saved for at most this long (the rest rebuild from rows)
 MAX_SNAPSHOT_BYTES = 1 << 30  # users' saved indexes over all users (~1.5 MB for 500 long turns)
 CLEAN_MARK = "CLEAN"  # written at close once every saved snapshot is current
+REUSED_READ_BYTES = 16 << 20  # a snapshot up to this size is read into a buffer kept for the next read
 
 
 def snapshot_dir(store) -> Path | None:
@@ -48,6 +50,25 @@ def _open_snapshots(directory: Path | None) -> tuple[Path | None, OrderedDict[st
     except OSError:
         log.exception("episodic snapshots unavailable in %s", directory)
         return None, OrderedDict()
+
+
+class _ReadBuffer:
+    """One buffer snapshots are read into, kept for the next read (used under EpisodicSource's lock):
+    a fresh one per read would fault in every page of every snapshot.
+    _UserIndex.restore copies what it keeps out of it."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def read(self, path: Path) -> memoryview | bytes:
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > REUSED_READ_BYTES:
+                return f.read()
+            if len(self._buf) < size:
+                self._buf = bytearray(size)  # replaced, not resized: an earlier view may still exist
+            view = memoryview(self._buf)[:size]
+            return view[:f.readinto(view)]
 
 
 def _snapshot_name(key: tuple[str, str]) -> str:

@@ -38,6 +38,7 @@ from sidecar.memory.episodic.snapshots import (
     SAVE_AT_CLOSE_S,
     SNAPSHOT_VERSION,
     _open_snapshots,
+    _ReadBuffer,
     _snapshot_name,
     log,
     snapshot_dir,
@@ -80,6 +81,7 @@ class EpisodicSource:
         # on their next call instead of rebuilt from rows; names of the files that are current.
         self.max_snapshot_bytes = max_snapshot_bytes
         self._snapshot_dir, self._snapshots = _open_snapshots(snapshot_dir(store) if max_snapshot_bytes else None)
+        self._read_buffer = _ReadBuffer()
         # The app's MemoryService.superseded_turns: turns a superseded memory was learnt from are
         # marked when recalled and never outrank the current memory's turns.
         self.superseded_turns: Callable[[Scope], dict[str, SupersededTurn]] | None = None
@@ -172,9 +174,12 @@ class EpisodicSource:
         return (state.serial, len(state.hidden)) if state is not None else None
 
     def exclude(self, scope: Scope, message_ids: set[str]) -> None:
-        """Stop recalling these turns of the user (their rows stay in their session's history)."""
+        """Stop recalling these turns of the user (their rows stay in their session's history). A
+        snapshot holds the turns hidden when it was saved: it is deleted."""
         with self._lock:
-            state = self._users.get((scope.tenant_id, scope.user_id))
+            key = (scope.tenant_id, scope.user_id)
+            self._discard(key)
+            state = self._users.get(key)
             if state is not None:
                 state.hide(message_ids)
                 self._ranked.drop(state)
@@ -223,7 +228,7 @@ class EpisodicSource:
             if len(rows) > self.max_turns_per_user:
                 rows = rows[-(self.max_turns_per_user * 3 // 4):]
             state.add(rows, self.embedder, stemmed)
-        state.hide(self.store.recall_exclusions(scope))
+            state.hide(self.store.recall_exclusions(scope))  # a snapshot holds them (exclude deletes it)
         old = self._users.pop(key, None)
         if old is not None:
             self._ranked.drop(old)
@@ -277,7 +282,7 @@ class EpisodicSource:
         if self._snapshot_dir is None or name not in self._snapshots:
             return None
         try:
-            state = _UserIndex.restore((self._snapshot_dir / name).read_bytes(), self._meta())
+            state = _UserIndex.restore(self._read_buffer.read(self._snapshot_dir / name), self._meta())
         except Exception:
             log.exception("episodic snapshot unreadable; the user is rebuilt from rows")
             state = None
