@@ -42,6 +42,9 @@ from sidecar.store.duckdb_store import DEFAULT_MEMORY_LIMIT
 
 log = logging.getLogger("sidecar")
 
+# After-turn jobs claimed per transaction (sidecar.jobs); indexing jobs are long, claimed one at a time.
+JOB_BATCH = 64
+
 # Change kinds keyed by a session id: the cached view of that session is stale.
 SESSION_CHANGES = frozenset({"message", "facts", "session", "tool_result", "run_notes", "summary", "subsession"})
 
@@ -94,7 +97,7 @@ class Sidecar:
                                               summarizer or default_summarizer())
         self.worker = JobWorker(self.store, {EXTRACT_JOB: self.extraction.handle,
                                              SUMMARY_JOB: self.compression.handle_summary_job},
-                                poll_s=settings.job_poll_s)
+                                poll_s=settings.job_poll_s, batch=JOB_BATCH)
         # A sub-agent's chatter is not the user's word: its turns are summarised, never made memories.
         self.turns = TurnService(self.sessions, self.worker, [EXTRACT_JOB, SUMMARY_JOB],
                                  subsession_job_kinds=[SUMMARY_JOB])

@@ -20,6 +20,11 @@ log = logging.getLogger("sidecar.jobs")
 
 Handler = Callable[[Job], dict[str, str]]
 MAX_ATTEMPTS = 3
+# A worker claims up to `batch` jobs in one transaction and writes their outcomes in one more: a
+# replayed history queues a few jobs per session, and two statements per job cost more than the
+# jobs. Jobs still unrun after BATCH_SECONDS go back to the queue, so a slow handler (an LLM
+# extractor) keeps no other replica waiting on the jobs it holds.
+BATCH_SECONDS = 0.5
 
 
 def requeue_interrupted(store) -> None:
@@ -37,8 +42,10 @@ def new_job(scope: Scope, kind: str, payload: dict[str, Any], total_items: int =
 
 
 class JobWorker:
-    def __init__(self, store, handlers: dict[str, Handler], poll_s: float = 1.0, name: str = "job-worker") -> None:
+    def __init__(self, store, handlers: dict[str, Handler], poll_s: float = 1.0, name: str = "job-worker",
+                 batch: int = 1) -> None:
         self.store = store
+        self.batch = max(batch, 1)
         self.handlers: dict[str, Handler] = dict(handlers)
         self.name = name
         self.poll_s = poll_s
@@ -63,14 +70,34 @@ class JobWorker:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            job = self.store.claim_job(now_ms(), list(self.handlers))
-            if job is None:
-                self._wake.wait(self.poll_s)
-                self._wake.clear()
-                continue
+            jobs = self.store.claim_jobs(now_ms(), list(self.handlers), self.batch)
+            if jobs and (not self._run_batch(jobs) or len(jobs) == self.batch):
+                continue  # more may be queued: claim again at once
+            # The queue was drained: wait for notify() (a job enqueued meanwhile has set it already) or
+            # the poll (another replica's jobs), rather than claim nothing again.
+            self._wake.wait(self.poll_s)
+            self._wake.clear()
+
+    def _run_batch(self, jobs: Sequence[Job]) -> bool:
+        """Run claimed jobs in claim order, then record every outcome in one write; those not reached
+        (the batch's time is up, or the worker is stopping) go back to the queue as they were. Whether
+        every job ran."""
+        deadline = time.monotonic() + BATCH_SECONDS
+        ran = 0
+        for job in jobs:
+            if ran and (self._stop.is_set() or time.monotonic() > deadline):
+                break
             self._run(job)
+            ran += 1
+        for job in jobs[ran:]:
+            job.status, job.attempts = JobStatus.QUEUED, job.attempts - 1
+        self.store.finish_jobs(jobs)
+        with self._finished:
+            self._finished.notify_all()
+        return ran == len(jobs)
 
     def _run(self, job: Job) -> None:
+        """Run one claimed job's handler; its outcome is set on `job`, written by the caller."""
         handler = self.handlers.get(job.kind)
         try:
             if handler is None:
@@ -83,9 +110,6 @@ class JobWorker:
             job.error = f"{type(e).__name__}: {e}"[:2000]
             job.status = JobStatus.QUEUED if job.attempts < MAX_ATTEMPTS else JobStatus.FAILED
         job.updated_at_ms = now_ms()
-        self.store.finish_job(job)
-        with self._finished:
-            self._finished.notify_all()
 
     def report_progress(self, job: Job, done: int, total: int) -> None:
         job.done_items, job.total_items, job.updated_at_ms = done, total, now_ms()

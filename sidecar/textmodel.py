@@ -94,9 +94,21 @@ def word_tokens(text: str) -> list[str]:
     return _WORD_RE.findall(unicodedata.normalize("NFKC", text).lower())
 
 
+# re's \w is str.isalnum() or "_", one character at a time (CPython's _sre): so [^\W_] is exactly
+# isalnum, scanned in C rather than a Python loop over every character of a long turn.
+_MEANINGFUL_RE = re.compile(r"[^\W_]")
+_NOT_MEANINGFUL_RE = re.compile(r"[\W_]+")
+_NOT_PHRASE_RE = re.compile(r"[^\w ]|_")  # what _phrase_is_small_talk drops: not isalnum, not a space
+
+
 def meaningful_chars(text: str) -> int:
     """Letters, digits and CJK characters; punctuation, spaces and emoji don't count."""
-    return sum(1 for ch in text if ch.isalnum())
+    return len(_NOT_MEANINGFUL_RE.sub("", text))
+
+
+def has_meaningful(text: str) -> bool:
+    """meaningful_chars(text) > 0, stopping at the first such character."""
+    return _MEANINGFUL_RE.search(text) is not None
 
 
 # --------------------------------------------------------------------------- small talk
@@ -109,6 +121,7 @@ _SMALL_TALK = frozenset(
     "wow|sorry|嗯|嗯嗯|好|好的|好滴|好吧|行|可以|谢谢|多谢|感谢|收到|哈|哈哈|明白|了解|知道了|没问题|你好|"
     "您好|早|早上好|晚安|辛苦了|是的|对|对的|嗯好|ok了|好嘞|拜拜|再见|哦|噢|懂了|不客气".split("|")
 )
+_LONGEST_SMALL_TALK = max(map(len, _SMALL_TALK))
 _SPLIT_SMALL_TALK_RE = re.compile(r"[\s,.!?;:~，。！？；：、…]+")
 _REPEAT_RE = re.compile(r"(.)\1+")
 
@@ -116,16 +129,27 @@ _REPEAT_RE = re.compile(r"(.)\1+")
 def is_small_talk(text: str) -> bool:
     """True for acknowledgements/greetings ("好的，谢谢", "ok thanks!", "嗯嗯嗯") and emoji-only text."""
     norm = unicodedata.normalize("NFKC", text).lower().strip()
-    if meaningful_chars(norm) == 0:
+    if not has_meaningful(norm):
         return True
     if _phrase_is_small_talk(norm):
         return True
-    parts = [p for p in _SPLIT_SMALL_TALK_RE.split(norm) if meaningful_chars(p)]
-    return bool(parts) and all(_phrase_is_small_talk(p) for p in parts)
+    # Every part that holds a meaningful character must be small talk, and there must be one; a long
+    # turn fails at its first part.
+    seen = False
+    for part in _SPLIT_SMALL_TALK_RE.split(norm):
+        if has_meaningful(part):
+            if not _phrase_is_small_talk(part):
+                return False
+            seen = True
+    return seen
 
 
 def _phrase_is_small_talk(phrase: str) -> bool:
-    core = "".join(ch for ch in phrase if ch.isalnum() or ch == " ").strip()
+    core = _NOT_PHRASE_RE.sub("", phrase).strip()
+    # Collapsing repeats keeps every distinct character: a core with more of them than the longest
+    # phrase has is none of the phrases, however its repeats collapse.
+    if len(set(core)) > _LONGEST_SMALL_TALK:
+        return False
     return (
         core in _SMALL_TALK
         or _REPEAT_RE.sub(r"\1", core) in _SMALL_TALK

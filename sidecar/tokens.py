@@ -12,7 +12,7 @@ import hashlib
 import importlib.util
 import threading
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import tiktoken
@@ -51,9 +51,11 @@ def count_line(text: str) -> int:
     return max(count_tokens(text + "\n"), count_tokens(text))
 
 
-def count_lines(texts: list[str]) -> list[int]:
-    """count_line of each text, in one loop (a batch of turns as they are indexed)."""
-    return [max(a, b) for a, b in zip(count_many([t + "\n" for t in texts]), count_many(texts), strict=True)]
+def count_lines(texts: list[str], counted: Sequence[int] | None = None) -> list[int]:
+    """count_line of each text, in one loop (a batch of turns as they are indexed); `counted`, when
+    given, holds count_tokens of each text already (a message's stored line_tokens)."""
+    alone = count_many(texts) if counted is None else counted
+    return [max(a, b) for a, b in zip(count_many([t + "\n" for t in texts]), alone, strict=True)]
 
 
 @functools.lru_cache(maxsize=4096)

@@ -7,7 +7,7 @@ from sidecar.memory.filters import (
     near_duplicate,
     normalize_for_dedup,
 )
-from sidecar.textmodel import Turn
+from sidecar.textmodel import _LONGEST_SMALL_TALK, _NOT_PHRASE_RE, Turn, is_small_talk, meaningful_chars
 
 
 def cand(content: str, confidence: float = 0.9, ids: list[str] | None = None) -> MemoryCandidate:
@@ -54,6 +54,22 @@ def test_low_information(text: str) -> None:
 )
 def test_not_low_information(text: str) -> None:
     assert not is_low_information(text)
+
+
+def test_meaningful_characters_are_exactly_isalnum() -> None:
+    """The regexes that scan for meaningful characters agree with str.isalnum on every code point."""
+    every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+    assert meaningful_chars(every) == sum(1 for ch in every if ch.isalnum())
+    assert _NOT_PHRASE_RE.sub("", every) == "".join(ch for ch in every if ch.isalnum() or ch == " ")
+
+
+@pytest.mark.parametrize(("text", "small_talk"), [
+    ("thanks! " * 30, True), ("ok " * 40, True), ("o" * 200 + "k", True), ("okkkkkkkkkkkkkkkkkkkkkkk", True),
+    ("嗯" * 100, True), ("ok" * 40, False), ("好的" * 50, False), ("ok " * 5 + "deploy now", False)])
+def test_small_talk_of_any_length(text: str, small_talk: bool) -> None:
+    """Repeats of one character collapse however long the text is; a part that is no small talk counts."""
+    assert len(text) > _LONGEST_SMALL_TALK
+    assert is_small_talk(text) is small_talk
 
 
 def test_each_reason_in_order() -> None:

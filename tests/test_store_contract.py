@@ -389,6 +389,33 @@ def test_jobs_queue(backend, scope):
     assert backend.requeue_running_jobs() == 0
 
 
+def test_jobs_claimed_and_finished_in_batches(backend, scope):
+    """claim_jobs takes the oldest N in claim_job's order; finish_jobs writes each job's own outcome,
+    attempts included (a job given back unrun keeps the attempts it had)."""
+    drain_jobs(backend)
+    ids = [f"{scope.tenant_id}-b{i}" for i in range(5)]
+    backend.enqueue_jobs([job(scope, jid, created=100 - i) for i, jid in enumerate(ids)])  # newest first
+    backend.enqueue_jobs([job(scope, f"{scope.tenant_id}-other", created=1, kind="index")])
+    batch = backend.claim_jobs(50, ["extract"], 3)
+    assert [j.job_id for j in batch] == ids[::-1][:3]  # oldest first, only the kinds asked for
+    assert all((j.status, j.attempts, j.updated_at_ms) == (JobStatus.RUNNING, 1, 50) for j in batch)
+    assert [backend.get_job(scope, j.job_id) for j in batch] == batch
+    done, failed, unrun = batch
+    done.status, done.result, done.done_items, done.updated_at_ms = JobStatus.DONE, {"n": "1"}, 3, 60
+    failed.status, failed.error, failed.updated_at_ms = JobStatus.FAILED, "boom", 61
+    unrun.status, unrun.attempts = JobStatus.QUEUED, 0
+    backend.finish_jobs(batch)
+    assert [backend.get_job(scope, j.job_id) for j in batch] == batch
+    rest = backend.claim_jobs(70, ["extract"], 10)
+    assert [j.job_id for j in rest] == [unrun.job_id, *ids[::-1][3:]]
+    assert rest[0].attempts == 1
+    assert backend.claim_jobs(70, ["extract"], 10) == []
+    backend.finish_jobs([])
+    drain_jobs(backend)
+    backend.requeue_running_jobs()
+    drain_jobs(backend)
+
+
 def test_concurrent_claims_never_share_a_job(backend, scope):
     drain_jobs(backend)
     backend.enqueue_jobs([job(scope, f"{scope.tenant_id}-c{i}", created=i) for i in range(40)])

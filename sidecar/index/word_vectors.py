@@ -61,11 +61,9 @@ class WordVectors:
         owners: list[int] = []
         index = self.index
         for k, text in enumerate(texts):
-            for word in _WORD_RE.findall(text.lower()):
-                i = index.get(word)
-                if i is not None:
-                    rows.append(i)
-                    owners.append(k)
+            found = [i for i in map(index.get, _WORD_RE.findall(text.lower())) if i is not None]
+            rows += found
+            owners += [k] * len(found)
         if rows:
             # owners never decrease: each text's rows are one run, summed by reduceat (np.add.at: 5x slower)
             who = np.asarray(owners)

@@ -245,6 +245,18 @@ class CachingStore:
             return [m for m in cached if m.seq >= from_seq and (to_seq <= 0 or m.seq <= to_seq)]
         return self.backend.list_messages(scope, session_id, newest=newest, from_seq=from_seq, to_seq=to_seq)
 
+    def get_messages(self, scope: Scope, session_id: str, message_ids: Sequence[str]) -> list[Message]:
+        """The messages of the session with these ids, in seq order: from its cached view when that
+        holds them all (an after-turn job reads the turns just appended), else from the database."""
+        with self._lock:
+            view = self._cached(scope, session_id)
+            cached = view.messages if view is not None else []
+        wanted = set(message_ids)
+        found = [m for m in cached if m.message_id in wanted]
+        if len(found) == len(wanted):
+            return found
+        return self.backend.get_messages(scope, session_id, message_ids)
+
     # ------------------------------------------------------------------ writes (backend first, then cache)
     # A write holds its session's writer lock, never the cache lock, across the database call: a
     # commit (an fsync) must not stall BuildContext of other sessions. Writers of one session are

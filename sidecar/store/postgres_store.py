@@ -441,25 +441,34 @@ class PostgresStore:
         return [records.job_from(r) for r in rows]
 
     def claim_job(self, now_ms: int, kinds: Sequence[str] | None = None) -> Job | None:
-        """Take the oldest queued job of any user, of one of `kinds` when given (system transaction).
-        SKIP LOCKED lets workers in several replicas claim concurrently without waiting on or
-        double-claiming a job."""
+        jobs = self.claim_jobs(now_ms, kinds)
+        return jobs[0] if jobs else None
+
+    def claim_jobs(self, now_ms: int, kinds: Sequence[str] | None = None, limit: int = 1) -> list[Job]:
+        """Take the oldest `limit` queued jobs of any user, of one of `kinds` when given (system
+        transaction). SKIP LOCKED lets workers in several replicas claim concurrently without waiting
+        on or double-claiming a job."""
         kind_filter = " AND kind = ANY(%s)" if kinds else ""
         with self._tx(system=True) as cur:
             cur.execute(
-                f"UPDATE jobs SET status = %s, attempts = attempts + 1, updated_at_ms = %s WHERE job_id = ("
-                f"SELECT job_id FROM jobs WHERE status = %s{kind_filter} ORDER BY created_at_ms, job_id LIMIT 1 "
-                f"FOR UPDATE SKIP LOCKED) RETURNING {records.JOB_COLS}",
-                [int(JobStatus.RUNNING), now_ms, int(JobStatus.QUEUED), *([list(kinds)] if kinds else [])])
-            row = cur.fetchone()
-            return records.job_from(row) if row else None
+                f"WITH claimed AS (UPDATE jobs SET status = %s, attempts = attempts + 1, updated_at_ms = %s "
+                f"WHERE job_id IN (SELECT job_id FROM jobs WHERE status = %s{kind_filter} "
+                f"ORDER BY created_at_ms, job_id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING {records.JOB_COLS}) "
+                f"SELECT {records.JOB_COLS} FROM claimed ORDER BY created_at_ms, job_id",
+                [int(JobStatus.RUNNING), now_ms, int(JobStatus.QUEUED), *([list(kinds)] if kinds else []), limit])
+            return [records.job_from(row) for row in cur.fetchall()]
 
     def finish_job(self, job: Job) -> None:
+        self.finish_jobs([job])
+
+    def finish_jobs(self, jobs: Sequence[Job]) -> None:
+        """Write back the jobs' status, attempts, progress and result in one transaction."""
+        if not jobs:
+            return
         with self._tx(system=True) as cur:
-            cur.execute("UPDATE jobs SET status = %s, error = %s, done_items = %s, total_items = %s, "
-                        "updated_at_ms = %s, result = %s WHERE job_id = %s",
-                        [int(job.status), job.error, job.done_items, job.total_items, job.updated_at_ms,
-                         json.dumps(job.result), job.job_id])
+            cur.executemany("UPDATE jobs SET status = %s, attempts = %s, error = %s, done_items = %s, "
+                            "total_items = %s, updated_at_ms = %s, result = %s WHERE job_id = %s",
+                            [(*row[1:], row[0]) for row in map(records.job_update_row, jobs)])
 
     def requeue_running_jobs(self) -> int:
         """At start-up, jobs a crashed process was running go back to the queue. As in DuckDBStore

@@ -111,6 +111,13 @@ def job_row(j: Job) -> tuple:
             j.done_items, j.total_items, j.created_at_ms, j.updated_at_ms, json.dumps(j.result))
 
 
+def job_update_row(j: Job) -> tuple:
+    """What finishing (or giving back) a job writes: job_id, status, attempts, error, done_items,
+    total_items, updated_at_ms, result."""
+    return (j.job_id, int(j.status), j.attempts, j.error, j.done_items, j.total_items, j.updated_at_ms,
+            json.dumps(j.result))
+
+
 def memory_from(r: Sequence[Any]) -> Memory:
     return Memory(memory_id=r[0], type=MemoryType(r[1]), content=r[2], subject=r[3],
                   source_message_ids=json.loads(r[4]), confidence=r[5], authority=Authority(r[6]),

@@ -138,7 +138,8 @@ class _UserIndex(Fusion, Priors, QueryExpansion, WindowScoring):  # not slots: t
         self._grow(start + len(fresh))
         end = start + len(fresh)
         # Counted once here, for exactly the line that is packed: its text and the newline after it.
-        self.tokens[start:end] = count_lines(texts)
+        # Undated, that line is the message's own, whose tokens were counted when it was stored.
+        self.tokens[start:end] = count_lines(texts, None if self.dated else [m.line_tokens for m in fresh])
         body = [m.text for m in fresh]
         own = embedder.embed(body)
         self.exact[start:end], self.simhash[start:end] = fastpath.text_keys(texts)
