@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 
 import numpy as np
 
@@ -21,6 +22,7 @@ STOPWORDS = frozenset(
 )
 
 
+@lru_cache(maxsize=1 << 16)  # words repeat: a user's memories are indexed again whenever their state is rebuilt
 def stem(word: str) -> str:
     if len(word) > 4 and not word.isdigit():
         for suffix in _SUFFIXES:

@@ -4,6 +4,7 @@ deletion, forgetting, other knobs or a crash leave nothing stale behind."""
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import fastpath
 from sidecar.domain import Message, Role, Scope
 from sidecar.index.embedders import HashEmbedder
 from sidecar.memory.episodic import CLEAN_MARK, DEFAULT_RANKING, EpisodicSource
+from sidecar.memory.episodic.columns import StrColumn, StrLookup
 from sidecar.memory.episodic.index import _UserIndex
+from sidecar.memory.episodic.snapshots import pack, unpack
 
 SCOPE = Scope("t", "u")
 QUERIES = ("What did Ann paint by the lake in May 2023?", "guitar concert", "When did Bob go hiking?",
@@ -54,7 +57,7 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
 def test_a_restored_index_ranks_and_grows_exactly_like_the_saved_one():
     turns = _turns(5, 8)
     saved = _index(turns)
-    _ranks(saved)  # its lazy caches filled: they are not what is saved
+    _ranks(saved)  # its lazy caches filled: they go with it
     restored = _UserIndex.restore(saved.freeze(_meta()), _meta())
     assert restored is not None and restored.serial != saved.serial
     other = replace(DEFAULT_RANKING, proper_boost=0.6, opener_boost=0.0, self_boost=0.5)
@@ -71,6 +74,38 @@ def test_a_restored_index_ranks_and_grows_exactly_like_the_saved_one():
     # And so is a compaction of a restored index.
     again = _UserIndex.restore(fresh.freeze(_meta()), _meta())
     assert _same(_ranks(again.compacted(16)), _ranks(fresh.compacted(16)))
+
+
+def test_a_restored_index_is_a_view_of_its_snapshot_until_it_grows():
+    """Restored, the arrays are read-only views of the snapshot and the texts and terms are decoded only
+    when read; the ranking caches made at freeze for the ranking come with it; growing it makes its own."""
+    saved = _index(_turns(4, 6))
+    blob = saved.freeze(_meta(), DEFAULT_RANKING)
+    restored = _UserIndex.restore(blob, _meta())
+    assert isinstance(restored.texts, StrColumn) and not restored.codes.flags.writeable
+    assert restored._prior_key == saved._prior_key and np.array_equal(restored._win_norm, saved._win_norm)
+    assert list(restored.texts) == saved.texts and list(restored.words) == saved.words
+    assert restored._term_ids(set(saved.words[:5]) | {"nowhere"}) == saved._term_ids(set(saved.words[:5]) | {"nowhere"})
+    twice = _UserIndex.restore(restored.freeze(_meta()), _meta())  # saved again as it was restored
+    assert _same(_ranks(twice), _ranks(saved))
+    restored.add(_turns(1, 6, first=4), HashEmbedder(64), True)
+    assert isinstance(restored.texts, list) and restored.codes.flags.writeable and restored.term_df.flags.writeable
+
+
+def test_string_columns_and_their_lookup_agree_with_a_list_and_a_dict():
+    words = ["", "a", "b", "ab", "ba", "café", "日本", "a\x00b", *(f"w{i}" for i in range(300))]
+    column = StrColumn.of(words)
+    assert list(column) == words and column.tolist() == words and len(column) == len(words)
+    assert [column[i] for i in range(len(words))] == words and column[-1] == words[-1] and column[2:5] == words[2:5]
+    assert column.pick([5, 0, 5, 7]) == [words[5], words[0], words[5], words[7]] and column.pick([]) == []
+    for empty in (StrColumn.of([]), StrColumn.of(["x"])[1:]):
+        assert len(empty) == 0 and list(empty) == []
+    lookup = StrLookup.of(column)
+    assert all(lookup.get(w) == i for i, w in enumerate(words))
+    assert all(lookup.get(w) is None for w in ("c", "w300", "cafe", "日", "a\x00"))
+    again = unpack(pack({"words": lookup}))["words"]
+    assert all(again.get(w) == i for i, w in enumerate(words)) and again.column == words
+    assert StrLookup.of(StrColumn.of([])).get("a") is None
 
 
 def test_a_snapshot_of_other_knobs_is_not_restored():
@@ -171,6 +206,22 @@ def test_a_snapshot_keeps_the_hidden_turns_and_a_new_exclusion_deletes_it(tmp_pa
     _, rebuilt, _ = source.search(SCOPE, query, "", 4000)
     assert store.reads == 2 and store.exclusion_reads == 2
     assert not {first, second} & {turns[r].message_id for r in rebuilt.tolist()}
+
+
+def test_a_snapshot_of_an_older_format_or_cut_short_is_rebuilt_from_rows(tmp_path):
+    """A file another version wrote (a plain pickle) or one cut short is no index: the user is rebuilt
+    from rows and the file deleted."""
+    turns = _turns(3, 6)
+    store = _FileStore(turns, tmp_path / "db.duckdb")
+    source = EpisodicSource(store, HashEmbedder(64))
+    _, rows, _ = source.search(SCOPE, "guitar by the lake", "", 4000)
+    for spoil in (lambda blob: pickle.dumps({"meta": source._meta()}), lambda blob: blob[:len(blob) // 2]):
+        source.evict(SCOPE)
+        (path,) = Path(store.path).with_suffix(".episodic").iterdir()
+        path.write_bytes(spoil(path.read_bytes()))
+        reads = store.reads
+        _, again, _ = source.search(SCOPE, "guitar by the lake", "", 4000)
+        assert store.reads == reads + 1 and np.array_equal(again, rows) and _files(store) == []
 
 
 def test_no_snapshots_without_a_database_file():

@@ -66,6 +66,10 @@ class HybridIndex:
     def vector(self, key: str) -> np.ndarray:
         return self._vectors[self._row_of[key]].copy()
 
+    def terms(self, key: str) -> tuple[str, ...]:
+        """The terms the row was indexed with."""
+        return self._terms_of[self._row_of[key]]
+
     # ------------------------------------------------------------------ writes
     def add(self, key: str, vector: np.ndarray, terms: Sequence[str], prior: float = 0.0) -> None:
         row = self._add_row(key, vector, terms, prior)
@@ -105,11 +109,14 @@ class HybridIndex:
         counts: dict[str, int] = {}
         for t in terms:
             counts[t] = counts.get(t, 0) + 1
+        df, postings = self._df, self._postings
         for t, tf in counts.items():
-            self._df[t] = self._df.get(t, 0) + 1
-            rows, tfs = self._postings.setdefault(t, ([], []))
-            rows.append(row)
-            tfs.append(tf)
+            df[t] = df.get(t, 0) + 1
+            posting = postings.get(t)
+            if posting is None:
+                posting = postings[t] = ([], [])
+            posting[0].append(row)
+            posting[1].append(tf)
         self._posting_arrays.clear()
         self._terms_of.append(tuple(terms))
         self._doc_len[row] = len(terms)

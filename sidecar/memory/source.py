@@ -23,7 +23,7 @@ from sidecar.assembly.candidates import (
 from sidecar.domain import Category, Memory, MemoryType
 from sidecar.memory.recall import AUTHORITY_BONUS, UserMemories, best_first
 from sidecar.memory.service import MemoryService, render_memory
-from sidecar.text import query_terms, term_ids, terms
+from sidecar.text import query_terms, term_ids
 
 TOP_K = 24
 MIN_RELEVANCE = 0.12
@@ -124,8 +124,9 @@ def _prepare(state: UserMemories, m: Memory) -> PreparedMemory:
     meta: ItemMeta = (0, m.updated_at_ms, None, tuple(m.source_message_ids))
     body = fastpath.encode_item(source, Category.MEMORIES, m.tokens, text, *meta[:2], meta[3])
     exact, simhash = fastpath.text_keys([text])
+    # Its terms are those the index holds for it (terms(content), made when it was indexed).
     prepared = state.prepared[m.memory_id] = PreparedMemory(
-        text, source, m.tokens, term_ids(terms(m.content)), body, meta, state.index.vector(m.memory_id),
+        text, source, m.tokens, term_ids(state.index.terms(m.memory_id)), body, meta, state.index.vector(m.memory_id),
         0.1 * m.confidence, m.updated_at_ms, (int(exact[0]), int(simhash[0])))
     return prepared
 

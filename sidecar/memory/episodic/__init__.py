@@ -38,8 +38,9 @@ Modules:
   priors     speaker, role, date, voice, proper-noun and opener multipliers
   scoring    rank(): lexical + expansions fused with the dense cosine, times the priors
   index      _UserIndex, the per-user index (rows, postings, vectors, neighbours, freeze / restore)
+  columns    texts and terms as one buffer each, decoded and looked up item by item (a restored index)
   cache      _RankedCache, a question's ranking kept while the user's turns are the same
-  snapshots  where and under which names users' indexes are saved
+  snapshots  where and under which names users' indexes are saved, and the files' format
   source     EpisodicSource, the CandidateSource (load, bounds, snapshots, forget, candidates)
 
 The experiments behind the defaults are in docs/episodic-tuning-history.md."""

@@ -182,29 +182,29 @@ class QueryExpansion:
 
     def _first_said(self, rows: np.ndarray, k: int, exclude: set[str]) -> list[str]:
         """The first k stems of these table rows that this user says, those in `exclude` left out (a
-        plain loop: the rows are a few dozen, and it stops at the k-th)."""
+        plain loop over the said ones: the rows are a few dozen, and it stops at the k-th)."""
         if k <= 0 or not len(rows):
             return []
         keys = _stem_vectors()[1]
-        said = self._said()
         out: list[str] = []
-        for i in rows.tolist():
-            if i in said and keys[i] not in exclude:
+        for i in rows[self._said()[rows]].tolist():
+            if keys[i] not in exclude:
                 out.append(keys[i])
                 if len(out) == k:
                     break
         return out
 
-    def _said(self) -> set[int]:
-        """The table rows (_stem_vectors) of the stems this user says; brought up to date with the terms
-        added since the last call (the vocabulary only grows; a compacted index starts its own)."""
+    def _said(self) -> np.ndarray:
+        """By table row (_stem_vectors), whether this user says that stem; brought up to date with the
+        terms added since the last call (the vocabulary only grows; a compacted index starts its own)."""
         index = _stem_vectors()[0]
-        for t in self.words[self._said_upto:]:
-            row = index.get(t)
-            if row is not None:
-                self._said_rows.add(row)
+        if len(self._said_mask) != len(index):
+            self._said_mask, self._said_upto = np.zeros(len(index), bool), 0
+        new = [row for t in self.words[self._said_upto:] if (row := index.get(t)) is not None]
+        if new:
+            self._said_mask[new] = True
         self._said_upto = len(self.words)
-        return self._said_rows
+        return self._said_mask
 
     def associated(self, query_terms: Sequence[str], names: set[str], r: Ranking) -> list[str]:
         """The assoc_terms terms the user says most with the query's terms ("hike" -> trail, view):

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-import pickle
+import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,13 +19,18 @@ import fastpath
 from sidecar.domain import Category, Message, Role
 from sidecar.index.embedders import Embedder
 from sidecar.index.int8 import quantize_rows
+from sidecar.memory.episodic.columns import StrColumn, StrLookup
 from sidecar.memory.episodic.dates import _day_item, day_number, render_turn
 from sidecar.memory.episodic.expansion import QueryExpansion
-from sidecar.memory.episodic.lexical import WindowScoring
+from sidecar.memory.episodic.lexical import WindowScoring, _decay
 from sidecar.memory.episodic.priors import Priors, capitalised, voice
 from sidecar.memory.episodic.scoring import Fusion
+from sidecar.memory.episodic.snapshots import pack, unpack
 from sidecar.memory.episodic.terms import terms
 from sidecar.tokens import count_lines
+
+if TYPE_CHECKING:
+    from sidecar.memory.episodic.ranking import Ranking
 
 INDEXED_ROLES = (Role.USER, Role.ASSISTANT)  # tool output and system text are not conversation memory
 _SERIALS = itertools.count()
@@ -44,7 +50,7 @@ class _UserIndex(Fusion, Priors, QueryExpansion, WindowScoring):  # not slots: t
     context_mix: float = 0.5  # share of the contextual vector in each row of `vectors` (with context > 0)
     ids: list[str] = field(default_factory=list)
     sessions: list[str] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
+    texts: list[str] | StrColumn = field(default_factory=list)  # a StrColumn while restored (until _thaw)
     row_terms: list[tuple[str, ...]] = field(default_factory=list)  # distinct terms of each turn
     row_tfs: list[tuple[int, ...]] = field(default_factory=list)  # their counts: postings rebuild without re-parsing
     row_caps: list[tuple[str, ...]] = field(default_factory=list)  # words each turn capitalises (for `proper`)
@@ -53,8 +59,8 @@ class _UserIndex(Fusion, Priors, QueryExpansion, WindowScoring):  # not slots: t
     speakers: dict[str, int] = field(default_factory=dict)  # lowercased name -> speaker id
     postings: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
     arrays: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    vocab: dict[str, int] = field(default_factory=dict)  # term -> id, for co-occurrence counts
-    words: list[str] = field(default_factory=list)  # id -> term
+    vocab: dict[str, int] = field(default_factory=dict)  # term -> id, for co-occurrence counts (empty while restored)
+    words: list[str] | StrColumn = field(default_factory=list)  # id -> term (a StrColumn while restored)
     total_len: float = 0.0
     # yyyymmdd -> its header item: text, tokens, exact key, simhash, source tag, ContextItem bytes, time
     day_items: dict[int, tuple[str, int, int, int, str, bytes, int]] = field(default_factory=dict)
@@ -71,9 +77,10 @@ class _UserIndex(Fusion, Priors, QueryExpansion, WindowScoring):  # not slots: t
         # A restored index (restore()) keeps its postings, per-turn terms and capitalised words in the
         # compact arrays it was saved as until a turn is added or it is compacted (_thaw).
         self._frozen: dict | None = None
+        self._lookup: StrLookup | None = None  # a restored index's terms -> ids (vocab, until _thaw)
         self._win_key: tuple | None = None  # (rows, decay) the cached window length norm is for
         self._win_norm = np.zeros(0, np.float32)
-        self._said_rows: set[int] = set()  # _said(): the table rows (_stem_vectors) of the stems the user says
+        self._said_mask = np.zeros(0, bool)  # _said(): by table row (_stem_vectors), whether the user says the stem
         self._said_upto = 0  # words counted into it
         self._prior_key: tuple | None = None  # (rows, knobs) the cached per-turn prior is for
         self._prior = np.ones(0)
@@ -276,37 +283,66 @@ class _UserIndex(Fusion, Priors, QueryExpansion, WindowScoring):  # not slots: t
         out.hidden = self.hidden & out.known
         return out
 
-    def freeze(self, meta: tuple) -> bytes:
-        """The index as bytes (EpisodicSource's snapshots), mostly arrays so that restore() makes few
-        objects; `meta` (what it was built with) must match for it to be restored. Left out: the
-        items' bytes and lazy caches."""
-        self._thaw()
+    def freeze(self, meta: tuple, ranking: Ranking | None = None) -> bytes:
+        """The index as a snapshot file's bytes (snapshots.pack, for EpisodicSource's snapshots): arrays
+        and columns of texts and terms that restore() maps rather than makes an object per turn or term
+        of; `meta` (what it was built with) must match for it to be restored. The lazy ranking caches
+        that are current go with it, made first for `ranking` if given (so the first query after a
+        restore need not make them); the items' bytes do not."""
+        n = len(self.ids)
+        if ranking is not None and n:
+            self._turn_prior(ranking)
+            self._window_norm(_decay(ranking.prev_decay, ranking.next_decay, ranking.neighbours, self.window), ranking.b)
+        state = {
+            "meta": meta, "n": n, "ids": self.ids, "sessions": self.sessions,
+            "texts": self.texts if isinstance(self.texts, StrColumn) else StrColumn.of(self.texts),
+            "session_rows": self.session_rows, "speakers": self.speakers, "name_words": self.name_words,
+            "day_items": self.day_items, "total_len": self.total_len, "words": self._words_lookup(),
+            "hidden": self.hidden, "said": self._said(), "caches": self._current_caches(), **self._postings_frozen(),
+            "term_df": self.term_df[:len(self.words)], "term_at": self.term_at[:int(self.term_ptr[n])],
+            "term_ptr": self.term_ptr[:n + 1],
+            **{name: getattr(self, name)[:n] for name in (*_ROW_ARRAYS, "session_of", "nbr")},
+        }
+        return pack(state)
+
+    def _postings_frozen(self) -> dict[str, np.ndarray | str]:
+        """The postings, per-turn term counts and capitalised words as the compact arrays restore() keeps
+        until _thaw (a term's rows and counts: post_rows / post_tfs[post_ptr[id]:post_ptr[id + 1]])."""
+        if self._frozen is not None:
+            return self._frozen
         n, words = len(self.ids), self.words
-        said = self._said()
         sizes = [len(self.postings[w][0]) for w in words]
         total = sum(sizes)
-        state = {
-            "meta": meta, "n": n, "ids": self.ids, "sessions": self.sessions, "texts": self.texts,
-            "session_rows": self.session_rows, "speakers": self.speakers, "name_words": self.name_words,
-            "day_items": self.day_items, "total_len": self.total_len, "words": "\n".join(words),
-            "hidden": self.hidden,
-            "said": np.fromiter(said, np.int32, len(said)),
+        return {
             "caps": "\x1e".join("\x1f".join(c) for c in self.row_caps),
             "term_tf": np.fromiter(itertools.chain.from_iterable(self.row_tfs), np.int32, int(self.term_ptr[n])),
             "post_ptr": np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]),
             "post_rows": np.fromiter(itertools.chain.from_iterable(self.postings[w][0] for w in words), np.int64, total),
-            "post_tfs": np.fromiter(itertools.chain.from_iterable(self.postings[w][1] for w in words), np.int32, total),
-            "term_df": self.term_df[:len(words)], "term_at": self.term_at[:int(self.term_ptr[n])],
-            "term_ptr": self.term_ptr[:n + 1],
-            **{name: getattr(self, name)[:n] for name in (*_ROW_ARRAYS, "session_of", "nbr")},
+            # float32, as _arrays hands them to the ranking: a restored index slices them, no conversion
+            "post_tfs": np.fromiter(itertools.chain.from_iterable(self.postings[w][1] for w in words), np.float32, total),
         }
-        return pickle.dumps(state, protocol=5)
+
+    def _words_lookup(self) -> StrLookup:
+        return self._lookup if self._lookup is not None else StrLookup.of(StrColumn.of(self.words))
+
+    def _current_caches(self) -> dict[str, tuple]:
+        """The lazy ranking caches that are current (for this many rows)."""
+        n = len(self.ids)
+        out: dict[str, tuple] = {}
+        if self._win_key is not None and self._win_key[0] == n:
+            out["win"] = (self._win_key, self._win_norm)
+        if self._prior_key is not None and self._prior_key[0] == n:
+            out["prior"] = (self._prior_key, self._prior)
+        if len(self._nbr_rows) == n:
+            out["nbr_rows"] = (self._nbr_rows,)
+        return out
 
     @classmethod
-    def restore(cls, blob: bytes | memoryview, meta: tuple) -> _UserIndex | None:
-        """An index saved by freeze() with this `meta`, else None."""
-        state = pickle.loads(blob)  # noqa: S301  # written by this process's freeze(), in its own directory
-        if state.get("meta") != meta:
+    def restore(cls, blob: bytes | memoryview | mmap.mmap, meta: tuple) -> _UserIndex | None:
+        """An index saved by freeze() with this `meta`, else None. Its arrays are views of `blob` (kept
+        alive by them; read-only where it is: what add() changes in place is copied first, by _thaw)."""
+        state = unpack(blob)
+        if not isinstance(state, dict) or state.get("meta") != meta:
             return None
         dim, window, dated, context, context_chars, context_mix = meta[1:7]
         n = state["n"]
@@ -318,40 +354,52 @@ class _UserIndex(Fusion, Priors, QueryExpansion, WindowScoring):  # not slots: t
         out.ids, out.sessions, out.texts = state["ids"], state["sessions"], state["texts"]
         out.session_rows, out.speakers, out.name_words = state["session_rows"], state["speakers"], state["name_words"]
         out.day_items, out.total_len = state["day_items"], state["total_len"]
-        out.words = state["words"].split("\n") if state["words"] else []
-        out.vocab = dict(zip(out.words, range(len(out.words)), strict=True))
+        out._lookup = state["words"]
+        out.words = out._lookup.column
         out.known, out.hidden = set(out.ids), state["hidden"]
         out.sources = ["message:" + mid for mid in out.ids]
         out.bodies = [None] * n
-        out._said_rows, out._said_upto = set(state["said"].tolist()), len(out.words)
+        out._said_mask, out._said_upto = state["said"], len(out.words)
+        caches = state["caches"]
+        if "win" in caches:
+            out._win_key, out._win_norm = caches["win"]
+        if "prior" in caches:
+            out._prior_key, out._prior = caches["prior"]
+        if "nbr_rows" in caches:
+            (out._nbr_rows,) = caches["nbr_rows"]
         out._frozen = {k: state[k] for k in ("caps", "term_tf", "post_ptr", "post_rows", "post_tfs")}
         return out
 
     def _thaw(self) -> None:
-        """Make the postings, per-turn terms and capitalised words of a restored index Python lists
-        again, as add() and compacted() extend and read them."""
+        """Make the postings, per-turn terms, capitalised words and texts of a restored index Python lists
+        again, as add() and compacted() extend and read them, and the arrays add() changes in place its own."""
         f = self._frozen
         if f is None:
             return
-        n, words = len(self.ids), self.words
-        ptr, rows, tfs = f["post_ptr"].tolist(), f["post_rows"].tolist(), f["post_tfs"].tolist()
+        n = len(self.ids)
+        words = self.words = list(self.words)
+        self.vocab = dict(zip(words, range(len(words)), strict=True))
+        self._lookup = None
+        ptr, rows, tfs = f["post_ptr"].tolist(), f["post_rows"].tolist(), f["post_tfs"].astype(np.int64).tolist()
         self.postings = {w: (rows[ptr[i]:ptr[i + 1]], tfs[ptr[i]:ptr[i + 1]]) for i, w in enumerate(words)}
         at, tp, tf = self.term_at.tolist(), self.term_ptr.tolist(), f["term_tf"].tolist()
         self.row_terms = [tuple(words[i] for i in at[tp[r]:tp[r + 1]]) for r in range(n)]
         self.row_tfs = [tuple(tf[tp[r]:tp[r + 1]]) for r in range(n)]
         self.row_caps = [tuple(c.split("\x1f")) if c else () for c in f["caps"].split("\x1e")] if n else []
+        self.texts = list(self.texts)
+        self.term_df, self._said_mask = np.array(self.term_df), np.array(self._said_mask)
         self.arrays = {}
         self._frozen = None
 
     def _arrays(self, t: str) -> tuple[np.ndarray, np.ndarray] | None:
         arrays = self.arrays.get(t)
         if arrays is None and self._frozen is not None:
-            tid = self.vocab.get(t)
+            tid = self._term_id(t)
             if tid is None:
                 return None
             f = self._frozen
             lo, hi = int(f["post_ptr"][tid]), int(f["post_ptr"][tid + 1])
-            arrays = self.arrays[t] = (f["post_rows"][lo:hi], f["post_tfs"][lo:hi].astype(np.float32))
+            arrays = self.arrays[t] = (f["post_rows"][lo:hi], f["post_tfs"][lo:hi])
         elif arrays is None:
             posting = self.postings.get(t)
             if posting is None:
@@ -367,13 +415,18 @@ class _UserIndex(Fusion, Priors, QueryExpansion, WindowScoring):  # not slots: t
             self._nbr_rows = np.where(nbr < 0, n, nbr)
         return self._nbr_rows
 
+    def _term_id(self, t: str) -> int | None:
+        return self._lookup.get(t) if self._lookup is not None else self.vocab.get(t)
+
     def _term_ids(self, wanted: set[str]) -> list[int]:
         """The ids of those of these terms this user says."""
-        return [self.vocab[t] for t in wanted if t in self.vocab]
+        return [i for t in wanted if (i := self._term_id(t)) is not None]
 
 
-def _pick(values: list, rows: list[int]) -> list:
+def _pick(values: list | StrColumn, rows: list[int]) -> list:
     """[values[r] for r in rows], in one C call."""
+    if isinstance(values, StrColumn):
+        return values.pick(rows)
     if len(rows) > 1:
         return list(itemgetter(*rows)(values))
     return [values[rows[0]]] if rows else []

@@ -76,6 +76,14 @@ class WindowScoring:
             at.append(mine)
         if not rows or not n:
             return [np.zeros(n, np.float32) for _ in groups]
+        sizes = np.fromiter(map(len, rows), np.float64, len(rows))
+        idf = np.log1p((n - sizes + 0.5) / (sizes + 0.5)).astype(np.float32)
+        return list(fastpath.window_bm25(rows, tfs, self.nbr[:n], decay, self._window_norm(decay, b), idf, at, k1))
+
+    def _window_norm(self, decay: np.ndarray, b: float) -> np.ndarray:
+        """Each turn's BM25 length norm of its window (the decayed lengths of its neighbours with its
+        own), kept until turns are added or the knobs change."""
+        n = len(self.ids)
         key = (n, b, decay.tobytes())
         if self._win_key != key:
             lens = np.zeros(n + 1, np.float32)
@@ -83,9 +91,7 @@ class WindowScoring:
             win_len = lens[:n] + lens[self._neighbour_rows()] @ decay
             self._win_norm = (1.0 - b + b * win_len / max(float(win_len.mean()), 1.0)).astype(np.float32)
             self._win_key = key
-        sizes = np.fromiter(map(len, rows), np.float64, len(rows))
-        idf = np.log1p((n - sizes + 0.5) / (sizes + 0.5)).astype(np.float32)
-        return list(fastpath.window_bm25(rows, tfs, self.nbr[:n], decay, self._win_norm, idf, at, k1))
+        return self._win_norm
 
     def smooth(self, scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """scores[i] + sum_k weights[k] * scores[k-th neighbour of i]; scores carries a 0 sentinel at n."""

@@ -1,22 +1,23 @@
 """Where users' indexes are saved (beside a DuckDB file), which saved files are current after a
-start, and each user's file name. What a snapshot holds is _UserIndex.freeze / restore (index.py);
-when one is written, read or deleted is EpisodicSource's (source.py)."""
+start, each user's file name and the file's format (pack / unpack). What a snapshot holds is
+_UserIndex.freeze / restore (index.py); when one is written, read or deleted is EpisodicSource's
+(source.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import os
+import mmap
+import pickle
 from collections import OrderedDict
 from pathlib import Path
 
 log = logging.getLogger("sidecar.episodic")
 
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3
 SAVE_AT_CLOSE_S = 10.0  # at close, users' indexes are saved for at most this long (the rest rebuild from rows)
 MAX_SNAPSHOT_BYTES = 1 << 30  # users' saved indexes over all users (~1.5 MB for 500 long turns)
 CLEAN_MARK = "CLEAN"  # written at close once every saved snapshot is current
-REUSED_READ_BYTES = 16 << 20  # a snapshot up to this size is read into a buffer kept for the next read
 
 
 def snapshot_dir(store) -> Path | None:
@@ -52,23 +53,59 @@ def _open_snapshots(directory: Path | None) -> tuple[Path | None, OrderedDict[st
         return None, OrderedDict()
 
 
-class _ReadBuffer:
-    """One buffer snapshots are read into, kept for the next read (used under EpisodicSource's lock):
-    a fresh one per read would fault in every page of every snapshot.
-    _UserIndex.restore copies what it keeps out of it."""
+# A snapshot file: MAGIC, then the lengths (u64 little-endian) of the head and of each buffer, the
+# head (a pickle whose arrays travel out of band, protocol 5) and the buffers, each at an offset that
+# is a multiple of ALIGN. Restored, the arrays are views of the mapped file: nothing is copied, and
+# only the pages a query reads are faulted in (from the page cache).
+MAGIC = b"EPISODIC" + SNAPSHOT_VERSION.to_bytes(4, "little")
+ALIGN = 64
 
-    def __init__(self) -> None:
-        self._buf = bytearray()
 
-    def read(self, path: Path) -> memoryview | bytes:
-        with path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > REUSED_READ_BYTES:
-                return f.read()
-            if len(self._buf) < size:
-                self._buf = bytearray(size)  # replaced, not resized: an earlier view may still exist
-            view = memoryview(self._buf)[:size]
-            return view[:f.readinto(view)]
+def pack(state: object) -> bytes:
+    """`state` as a snapshot file's bytes (read back by unpack)."""
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(state, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    lengths = [len(head), *(r.nbytes for r in raws)]
+    parts = [MAGIC, len(raws).to_bytes(8, "little"), *(n.to_bytes(8, "little") for n in lengths), head]
+    at = sum(map(len, parts))
+    for raw in raws:
+        pad = -at % ALIGN
+        parts += [bytes(pad), raw]
+        at += pad + raw.nbytes
+    return b"".join(parts)
+
+
+def unpack(data: bytes | memoryview | mmap.mmap) -> object | None:
+    """What pack() packed, its arrays views of `data` (read-only where `data` is); None for a file of
+    another format (an older version's)."""
+    view = memoryview(data)
+    if view[:len(MAGIC)] != MAGIC:
+        return None
+    at = len(MAGIC)
+    count = int.from_bytes(view[at:at + 8], "little")
+    if at + 8 * (count + 2) > len(view):
+        raise ValueError("episodic snapshot truncated")
+    lengths = [int.from_bytes(view[at + 8 * k:at + 8 * k + 8], "little") for k in range(1, count + 2)]
+    at += 8 * (count + 2)
+    head = view[at:at + lengths[0]]
+    at += lengths[0]
+    buffers = []
+    for n in lengths[1:]:
+        at += -at % ALIGN
+        if at + n > len(view):
+            raise ValueError("episodic snapshot truncated")
+        buffers.append(view[at:at + n])
+        at += n
+    return pickle.loads(head, buffers=buffers)  # noqa: S301  # written by this process's pack(), in its own directory
+
+
+def map_snapshot(path: Path) -> mmap.mmap:
+    """The file mapped read-only. Snapshots are never written in place (a new one replaces the file, a
+    stale one is unlinked), so a mapping stays what was saved for as long as the index it backs lives
+    (an unlinked file's blocks are freed with that index: at most max_users of them)."""
+    with path.open("rb") as f:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 def _snapshot_name(key: tuple[str, str]) -> str:

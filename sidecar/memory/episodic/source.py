@@ -38,9 +38,9 @@ from sidecar.memory.episodic.snapshots import (
     SAVE_AT_CLOSE_S,
     SNAPSHOT_VERSION,
     _open_snapshots,
-    _ReadBuffer,
     _snapshot_name,
     log,
+    map_snapshot,
     snapshot_dir,
 )
 from sidecar.memory.episodic.terms import _WORD_RE, names_pattern
@@ -81,7 +81,6 @@ class EpisodicSource:
         # on their next call instead of rebuilt from rows; names of the files that are current.
         self.max_snapshot_bytes = max_snapshot_bytes
         self._snapshot_dir, self._snapshots = _open_snapshots(snapshot_dir(store) if max_snapshot_bytes else None)
-        self._read_buffer = _ReadBuffer()
         # The app's MemoryService.superseded_turns: turns a superseded memory was learnt from are
         # marked when recalled and never outrank the current memory's turns.
         self.superseded_turns: Callable[[Scope], dict[str, SupersededTurn]] | None = None
@@ -265,7 +264,7 @@ class EpisodicSource:
         path = self._snapshot_dir / name
         try:
             tmp = path.with_suffix(".tmp")
-            blob = state.freeze(self._meta())
+            blob = state.freeze(self._meta(), self.ranking)
             tmp.write_bytes(blob)
             os.replace(tmp, path)
         except Exception:
@@ -282,7 +281,7 @@ class EpisodicSource:
         if self._snapshot_dir is None or name not in self._snapshots:
             return None
         try:
-            state = _UserIndex.restore(self._read_buffer.read(self._snapshot_dir / name), self._meta())
+            state = _UserIndex.restore(map_snapshot(self._snapshot_dir / name), self._meta())
         except Exception:
             log.exception("episodic snapshot unreadable; the user is rebuilt from rows")
             state = None
