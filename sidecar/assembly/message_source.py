@@ -119,42 +119,46 @@ def _placed(tools: list[tuple[int, ToolItem]], tail, window, history: CandidateB
     return order, priority[at] if len(priority) else np.ones(len(tools))
 
 
-def _add_tools(batch: CandidateBatch, tools: list[tuple[int, ToolItem]], tail, window) -> None:
-    """Tool results (briefs) join the window after the message they followed, with its priority."""
-    order, priority = _placed(tools, tail, window, batch)
+def _tool_batch(tools: list[tuple[int, ToolItem]], tail, window, history: CandidateBatch, category: SoftCategory,
+                anchored_priority: bool) -> CandidateBatch:
+    """Tool results placed in the history after the message they followed, packed under `category`'s
+    budget; with `anchored_priority`, each with that message's priority (else the newest's, 1)."""
+    order, priority = _placed(tools, tail, window, history)
     items = [t for _, t in tools]
     texts = [t.text for t in items]
     exact, sim = fastpath.text_keys(texts)
-    n = len(batch.texts)
     metas = [(int(Role.TOOL), t.at, o, ()) for t, o in zip(items, order.tolist(), strict=True)]
-    own = batch.meta
-    batch.meta = lambda j: own(j) if j < n else metas[j - n]
-    batch.texts = [*batch.texts, *texts]
-    batch.sources = [*batch.sources, *(t.source for t in items)]
-    batch.tokens = np.concatenate([batch.tokens, [t.tokens for t in items]])
+    n = len(items)
+    return CandidateBatch(category=category, section=Section.RECENT_MESSAGES, texts=texts,
+                          sources=[t.source for t in items], tokens=np.asarray([t.tokens for t in items], np.int32),
+                          relevance=np.zeros(n), age_s=np.zeros(n),
+                          priority=priority if anchored_priority else np.ones(n), meta=metas.__getitem__,
+                          order=order, bodies=[t.body for t in items], exact_keys=exact, simhashes=sim)
+
+
+def _add_tools(batch: CandidateBatch, tools: list[tuple[int, ToolItem]], tail, window) -> None:
+    """Tool results (briefs) join the window after the message they followed, with its priority."""
+    extra = _tool_batch(tools, tail, window, batch, batch.category, anchored_priority=True)
+    n = len(batch.texts)
+    own, theirs = batch.meta, extra.meta
+    batch.meta = lambda j: own(j) if j < n else theirs(j - n)
+    batch.texts = [*batch.texts, *extra.texts]
+    batch.sources = [*batch.sources, *extra.sources]
+    batch.tokens = np.concatenate([batch.tokens, extra.tokens])
     batch.relevance = np.zeros(len(batch.texts))
     batch.age_s = np.zeros(len(batch.texts))
-    batch.priority = np.concatenate([np.asarray(batch.priority, np.float64), priority])
-    batch.order = np.concatenate([np.asarray(batch.order, np.float64), order])
-    batch.bodies = [*batch.bodies, *(t.body for t in items)]
-    batch.exact_keys = np.concatenate([batch.exact_keys, exact])
-    batch.simhashes = np.concatenate([batch.simhashes, sim])
+    batch.priority = np.concatenate([np.asarray(batch.priority, np.float64), extra.priority])
+    batch.order = np.concatenate([np.asarray(batch.order, np.float64), extra.order])
+    batch.bodies = [*batch.bodies, *extra.bodies]
+    batch.exact_keys = np.concatenate([batch.exact_keys, extra.exact_keys])
+    batch.simhashes = np.concatenate([batch.simhashes, extra.simhashes])
 
 
 def _view_batch(views: list[tuple[int, ToolItem]], tail, window, history: CandidateBatch) -> CandidateBatch:
     """The current turn's views: shown in the history after the message they followed, packed under
     the tool observations' budget (they are this call's observations; the history's budget holds what
     each turn keeps once it is over)."""
-    order, _ = _placed(views, tail, window, history)
-    items = [t for _, t in views]
-    texts = [t.text for t in items]
-    exact, sim = fastpath.text_keys(texts)
-    metas = [(int(Role.TOOL), t.at, o, ()) for t, o in zip(items, order.tolist(), strict=True)]
-    n = len(items)
-    return CandidateBatch(category=SoftCategory.TOOL_OBSERVATIONS, section=Section.RECENT_MESSAGES, texts=texts,
-                          sources=[t.source for t in items], tokens=np.asarray([t.tokens for t in items], np.int32),
-                          relevance=np.zeros(n), age_s=np.zeros(n), priority=np.ones(n), meta=metas.__getitem__,
-                          order=order, bodies=[t.body for t in items], exact_keys=exact, simhashes=sim)
+    return _tool_batch(views, tail, window, history, SoftCategory.TOOL_OBSERVATIONS, anchored_priority=False)
 
 
 def _empty(batch: CandidateBatch) -> CandidateBatch:
