@@ -48,6 +48,7 @@ DEFAULT_DATA = {"locomo": DATA / "locomo" / "locomo10.json",
                 "longmemeval": DATA / "longmemeval" / "longmemeval_s_dev.json.gz"}
 RESULTS = ROOT / "bench" / "results"
 BUDGETS = (2000, 4000, 8000, 16000)
+UPDATE_CATEGORY = "knowledge-update"  # LongMemEval's questions about a value the user changed
 CATEGORIES = (1, 2, 3, 4)  # 5 (adversarial) has no evidence to recall
 CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 LME_TYPES = ("single-session-user", "single-session-assistant", "single-session-preference", "multi-session",
@@ -318,6 +319,26 @@ def budget_for(soft: int, query: str) -> pb.Budget:
                      flow_unused=True)
 
 
+def turn_position(dia_id: str) -> tuple[int, int]:
+    """(session, turn) of a dia_id "S<n>:<i>" or "D<n>:<i>", for ordering turns in time."""
+    session, _, turn = dia_id.partition(":")
+    return int(session[1:]), int(turn)
+
+
+def evidence_scores(items: Iterable, by_message: dict[str, str]) -> dict[str, float]:
+    """Turn (dia_id) -> the best score of a context item holding it (the turn, or a memory drawn from it)."""
+    best: dict[str, float] = {}
+    for item in items:
+        ids = set(item.source_message_ids)
+        if item.source.startswith("message:"):
+            ids.add(item.source[len("message:"):])
+        for m in ids:
+            d = by_message.get(m)
+            if d:
+                best[d] = max(best.get(d, float("-inf")), float(item.score))
+    return best
+
+
 def context_dia_ids(resp: pb.BuildContextResponse, by_message: dict[str, str],
                     memory_share: dict[str, float] | None = None) -> set[str]:
     """Evidence turns in the context. memory_share, when given, accumulates what extracted memories
@@ -443,6 +464,23 @@ class Board:
 
     def __init__(self) -> None:
         self.tallies: dict[tuple[str, str, str], Tally] = defaultdict(Tally)
+        # Knowledge updates, per budget: questions whose newest evidence turn scored above every older
+        # one in the context, and questions with the newest and an older evidence turn both in it.
+        self.newer_first: dict[int, int] = defaultdict(int)
+        self.update_pairs: dict[int, int] = defaultdict(int)
+
+    def add_update_order(self, q: Question, budget: int, scores: dict[str, float]) -> None:
+        """For a knowledge-update question (a value the user stated again later, changed), whether the
+        context scores the newest statement above the older ones (scores: evidence turn -> the best
+        score of an item holding it)."""
+        if q.category != UPDATE_CATEGORY:
+            return
+        present = sorted((turn_position(e), e) for e in q.evidence if e in scores)
+        if len(present) < 2:
+            return
+        newest = present[-1][1]
+        self.update_pairs[budget] += 1
+        self.newer_first[budget] += all(scores[newest] > scores[e] for _, e in present[:-1])
 
     def add(self, method: str, conv: Conversation, q: Question, budget: int, present: set[str],
             session_of: dict[str, str]) -> None:
@@ -471,6 +509,10 @@ class Board:
                         self.tallies[method, level, ""].figures(budgets)
                     out[figure_key(method, "by_category", level)] = {
                         c: self.tallies[method, level, f"cat:{c}"].figures(budgets)[0] for c in cats}
+        if self.update_pairs:
+            out["update_newer_first"] = {str(b): round(self.newer_first[b] / max(self.update_pairs[b], 1), 4)
+                                         for b in budgets}
+            out["update_pairs"] = {str(b): self.update_pairs[b] for b in budgets}
         halves = {h: self.tallies["ours", "turn", f"half:{h}"].figures(budgets)[0] for h in self.groups("half:")}
         if halves:
             out["halves"] = halves
@@ -524,6 +566,7 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
                 mem[b]["evidence_only_via_memory"] += sum(1 for e in q.evidence if e in via and e not in direct)
                 for method, ids in (("ours", present), ("recency", recent[b]), ("bm25", packer.pack(ranked, b))):
                     board.add(method, conv, q, b, ids, session_of)
+                board.add_update_order(q, b, evidence_scores((it for s in resp.sections for it in s.items), by_message))
         mid_budget = 4000 if 4000 in budgets else budgets[0]
         for q in conv.questions[:20]:
             req = pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, debug=True,
@@ -660,13 +703,11 @@ def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[st
                 t = time.perf_counter()
                 result = app.builder.build(scope, BuildRequest(session_id="eval", query=q.text, budget=budget))
                 spent.append(time.perf_counter() - t)
-                present = set()
-                for section in result.packed:
-                    for it in section.build_items():
-                        if it.source.startswith("message:"):
-                            present.add(by_message.get(it.source[8:], ""))
-                        present |= {by_message.get(m, "") for m in it.source_message_ids}
+                items = [it for section in result.packed for it in section.build_items()]
+                scores = evidence_scores(items, by_message)
+                present = set(scores)
                 board.add("ours", conv, q, b, present, session_of)
+                board.add_update_order(q, b, scores)
                 per_question[b].append(sum(e in present for e in q.evidence) / len(q.evidence))
     return {**board.summary(budgets), "build_ms": percentiles(spent) if spent else {}, "per_question": per_question}
 
@@ -774,6 +815,11 @@ def longmemeval_table(figures: dict, profile: str, budgets: Sequence[int]) -> li
                 d = (figures[figure_key(method, "by_category", level)][t] if t
                      else figures[figure_key(method, "recall", level)])
                 lines.append(_row([f"{t or 'all'} ({n})" if i == 0 else "", name], d, budgets))
+    if "update_newer_first" in figures:
+        lines += ["", "Knowledge updates: of the knowledge-update questions with their newest evidence turn and an older "
+                      "one both in the context, the share where the newest scored above every older one: "
+                  + ", ".join(f"{int(b) // 1000}k {100 * v:.1f} % of {figures['update_pairs'][b]}"
+                              for b, v in _by_budget(figures["update_newer_first"])) + "."]
     return lines
 
 

@@ -4,7 +4,7 @@ One extension module per concern, each with a reference twin of the same name in
 _selection (fuse_scores, ranking_order, dedup, greedy_pack, select, arrange), _textkeys (tokenize,
 fnv1a64, text_keys, hash_embed), _wire (encode_item, encode_section, encode_dropped), _ranking
 (overlap_counts, best_matches, fused_top_k, hybrid_top_k, window_bm25, cooccurring_terms,
-feedback_terms) and _int8 (int8_dot); _common holds their shared input validation.
+feedback_terms, newer_first) and _int8 (int8_dot); _common holds their shared input validation.
 
 The compiled extensions are mandatory: if one is missing the import fails loudly rather than silently
 falling back to the (100x slower) reference.
@@ -20,6 +20,7 @@ try:
         feedback_terms,
         fused_top_k,
         hybrid_top_k,
+        newer_first,
         overlap_counts,
         window_bm25,
     )
@@ -67,6 +68,7 @@ __all__ = [
     "hash_embed",
     "hybrid_top_k",
     "int8_dot",
+    "newer_first",
     "overlap_counts",
     "ranking_order",
     "reference",

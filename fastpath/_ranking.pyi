@@ -65,3 +65,13 @@ def feedback_terms(
     exclude: npt.ArrayLike,
     k: int,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]: ...
+def newer_first(
+    postings: Sequence[npt.ArrayLike],
+    n_rows: int,
+    rows: npt.ArrayLike,
+    when: npt.ArrayLike,
+    who: npt.ArrayLike,
+    scores: npt.ArrayLike,
+    cover_min: float,
+    score_min: float,
+) -> npt.NDArray[np.float64]: ...

@@ -1,11 +1,12 @@
 """Compiled ranking kernels of the indexes and the episodic ranker: set overlaps (overlap_counts,
-best_matches), fused and hybrid top-k, windowed BM25, co-occurring and feedback terms.
+best_matches), fused and hybrid top-k, windowed BM25, co-occurring and feedback terms, and newer tellings
+first (newer_first).
 
 The semantics are specified by ``fastpath.reference.ranking``; every routine here must return
 exactly what its reference twin returns, floats bit for bit.
 """
 
-from libc.math cimport NAN, isinf, isnan, log
+from libc.math cimport NAN, isinf, isnan, log, log1p
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 
@@ -745,3 +746,100 @@ cdef tuple _ranked(const double* acc, const int64_t* top, Py_ssize_t nt):
         (<int64_t*>_ptr(out_ids))[j] = top[j]
         (<double*>_ptr(out_values))[j] = acc[top[j]]
     return out_ids, out_values
+
+
+def newer_first(postings, Py_ssize_t n_rows, rows, when, who, scores, double cover_min, double score_min):
+    """Scores of packed turns, each newer telling of the same thing above the older ones it updates;
+    see fastpath.reference.newer_first for the exact rule."""
+    cdef Py_ssize_t bound = n_rows if n_rows > 0 else 1
+    cdef cnp.ndarray rw = _arr("rows", rows, cnp.NPY_INT64, np.int64, _INT_KINDS, -1)
+    _check_rows("rows", rw, bound)
+    cdef Py_ssize_t m = cnp.PyArray_DIM(rw, 0), t = len(postings)
+    cdef cnp.ndarray wh = _arr("when", when, cnp.NPY_INT64, np.int64, _INT_KINDS, m)
+    cdef cnp.ndarray wo = _arr("who", who, cnp.NPY_INT64, np.int64, _INT_KINDS, m)
+    cdef cnp.ndarray sc = _arr("scores", scores, cnp.NPY_FLOAT64, np.float64, _FLOAT_KINDS, m)
+    cdef const int64_t* pr = <const int64_t*>_ptr(rw)
+    cdef const int64_t* pw = <const int64_t*>_ptr(wh)
+    cdef const int64_t* po = <const int64_t*>_ptr(wo)
+    cdef const double* ps = <const double*>_ptr(sc)
+    cdef cnp.ndarray out = _empty(m, cnp.NPY_FLOAT64)
+    cdef double* pout = <double*>_ptr(out)
+    cdef Py_ssize_t i, j, b, p, pj, lo, hi, mid, df
+    for i in range(m):
+        pout[i] = ps[i]
+    if m == 0:
+        return out
+    cdef list lists = []
+    cdef cnp.ndarray arr
+    cdef const int64_t* pp
+    for b in range(t):
+        arr = _arr("postings", postings[b], cnp.NPY_INT64, np.int64, _INT_KINDS, -1, b)
+        _check_rows("postings", arr, bound, b)
+        pp = <const int64_t*>_ptr(arr)
+        for i in range(1, cnp.PyArray_DIM(arr, 0)):
+            if pp[i] <= pp[i - 1]:
+                raise ValueError(f"postings[{b}] must be ascending and unique")
+        lists.append(arr)
+    if len(set(rw.tolist())) != m:
+        raise ValueError("rows must be distinct")
+    cdef uint8_t* said = <uint8_t*>calloc(m * t + 1, 1)
+    cdef double* idf = <double*>malloc((t + 1) * sizeof(double))
+    cdef double* mass = <double*>calloc(m, sizeof(double))
+    cdef double* best = <double*>malloc(m * sizeof(double))
+    cdef Py_ssize_t* by_place = <Py_ssize_t*>malloc(m * sizeof(Py_ssize_t))
+    cdef Py_ssize_t* place = <Py_ssize_t*>malloc(m * sizeof(Py_ssize_t))
+    cdef uint8_t* involved = <uint8_t*>calloc(m, 1)
+    cdef double shared
+    if not (said and idf and mass and best and by_place and place and involved):
+        free(said); free(idf); free(mass); free(best); free(by_place); free(place); free(involved)
+        raise MemoryError()
+    try:
+        for p in range(m):  # insertion sort by (when, row): the turns are few
+            j = p
+            while j > 0 and (pw[by_place[j - 1]] > pw[p] or (pw[by_place[j - 1]] == pw[p] and pr[by_place[j - 1]] > pr[p])):
+                by_place[j] = by_place[j - 1]
+                j -= 1
+            by_place[j] = p
+        for p in range(m):
+            place[by_place[p]] = p
+        for b in range(t):
+            arr = <cnp.ndarray>lists[b]
+            pp = <const int64_t*>_ptr(arr)
+            df = cnp.PyArray_DIM(arr, 0)
+            idf[b] = log1p((n_rows - df + 0.5) / (df + 0.5))
+            for i in range(m):  # a binary search of the row in the term's postings
+                lo, hi = 0, df
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if pp[mid] < pr[i]:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                said[i * t + b] = lo < df and pp[lo] == pr[i]
+        for i in range(m):
+            best[i] = ps[i]
+            for b in range(t):
+                if said[i * t + b]:
+                    mass[i] += idf[b]
+        with nogil:
+            for pj in range(m):
+                j = by_place[pj]
+                for p in range(pj):
+                    i = by_place[p]
+                    if po[i] != po[j] or mass[i] <= 0.0 or mass[j] <= 0.0:
+                        continue
+                    shared = 0.0
+                    for b in range(t):
+                        if said[i * t + b] and said[j * t + b]:
+                            shared += idf[b]
+                    if shared >= (cover_min - 1e-9) * mass[i] and ps[j] >= score_min * ps[i]:
+                        involved[i] = 1
+                        involved[j] = 1
+                        if best[i] > best[j]:
+                            best[j] = best[i]
+            for i in range(m):
+                if involved[i]:
+                    pout[i] = best[i] * (1.0 + 1e-7 * <double>(place[i] + 1))
+    finally:
+        free(said); free(idf); free(mass); free(best); free(by_place); free(place); free(involved)
+    return out

@@ -836,3 +836,66 @@ class _RowsStore:
         from types import SimpleNamespace
 
         return SimpleNamespace(session=SimpleNamespace(parent_session_id=""))
+
+
+def _told(sessions: list[tuple[str, str]]):
+    """An index of one user's sessions a month apart, each one turn (speaker, text) and a reply."""
+    return _index([(MAY_8 + k * 30 * DAY_MS, [(who, text), ("Bob", "Good to know.")])
+                   for k, (who, text) in enumerate(sessions)])
+
+
+def test_a_newer_telling_of_the_same_thing_scores_above_the_older_one():
+    from sidecar.memory.episodic import DEFAULT_RANKING
+
+    state = _told([("Ann", "I do yoga twice a week for my anxiety, it helps a lot with the stress."),
+                   ("Ann", "Now I do yoga three times a week.")])
+    q_terms = state.query_terms("How often do I do yoga?", DEFAULT_RANKING)[0]
+    rows, scores = np.array([0, 2, 1, 3]), np.array([1.0, 0.8, 0.3, 0.2])
+    lifted = state.newer_first(q_terms, rows, scores, DEFAULT_RANKING)
+    # The newer telling (row 2) scores just above the older (row 0), which keeps its score; the
+    # replies, which say nothing asked, keep theirs.
+    assert lifted[1] > lifted[0] and lifted[0] == pytest.approx(1.0) and lifted[1] < 1.001
+    assert lifted[2:].tolist() == [0.3, 0.2]
+    # Too weak a match is no update (the newer must score half of the older at least).
+    weak = np.array([1.0, 0.4, 0.3, 0.2])
+    assert state.newer_first(q_terms, rows, weak, DEFAULT_RANKING).tolist() == weak.tolist()
+
+
+def test_no_update_from_another_speaker_or_without_the_older_tellings_terms():
+    from sidecar.memory.episodic import DEFAULT_RANKING
+
+    q = "How often does Ann do yoga in the park?"
+    rows, scores = np.array([0, 2]), np.array([1.0, 0.9])
+    other = _told([("Ann", "I do yoga in the park twice a week."), ("Cat", "I do yoga in the park daily.")])
+    q_terms = other.query_terms(q, DEFAULT_RANKING)[0]
+    assert other.newer_first(q_terms, rows, scores, DEFAULT_RANKING).tolist() == [1.0, 0.9]
+    # The newer turn says yoga but not the park the older one was matched on: another thing.
+    narrower = _told([("Ann", "I do yoga in the park twice a week."), ("Ann", "I do yoga daily.")])
+    assert narrower.newer_first(q_terms, rows, scores, DEFAULT_RANKING).tolist() == [1.0, 0.9]
+
+
+def test_the_newest_of_three_tellings_scores_first():
+    from sidecar.memory.episodic import DEFAULT_RANKING
+
+    state = _told([("Ann", "My Starbucks gold level needs 400 stars."), ("Ann", "Correction: gold needs 125 stars."),
+                   ("Ann", "Actually the gold level needs 120 stars.")])
+    q_terms = state.query_terms("How many stars for the gold level?", DEFAULT_RANKING)[0]
+    lifted = state.newer_first(q_terms, np.array([2, 0, 4]), np.array([1.0, 0.9, 0.8]), DEFAULT_RANKING)
+    assert lifted[2] > lifted[0] > lifted[1] and lifted[1] == pytest.approx(0.9)  # rows 4 (newest), 2, 0
+
+
+def test_a_newer_telling_scores_first_in_the_built_context(running, user):
+    """Over gRPC: both tellings are packed, the newer one with the higher score."""
+    ids = []
+    for k, text in enumerate(["I live in Boston.",  # the shorter: the better lexical match
+                              "Since the move last month I live in Denver, in a flat near a park with my two cats."]):
+        sid = running.stub.CreateSession(pb.CreateSessionRequest(scope=user)).session_id
+        when = MAY_8 + k * 60 * DAY_MS
+        msgs = [pb.NewMessage(role=pb.ROLE_USER, text=text, client_timestamp_ms=when),
+                pb.NewMessage(role=pb.ROLE_ASSISTANT, text="Noted.", client_timestamp_ms=when + 1000)]
+        ids.append(running.stub.AppendMessages(pb.AppendMessagesRequest(scope=user, session_id=sid, messages=msgs))
+                   .messages[0].message_id)
+    new_sid = running.stub.CreateSession(pb.CreateSessionRequest(scope=user)).session_id
+    items = {it.source: it.score for it in build(running.stub, user, new_sid, "Where do I live?")}
+    boston, denver = items[f"message:{ids[0]}"], items[f"message:{ids[1]}"]
+    assert denver > boston

@@ -384,3 +384,50 @@ def test_cooccurring_terms_rank_by_gain_then_id(impl):
     ids, gains = impl.cooccurring_terms([np.array([0, 1])], ptr, at, df, 3, 1, [4], 9)
     assert ids.tolist() == [1, 2, 3, 0] and gains[2] > gains[3] > 0
     assert impl.cooccurring_terms([np.array([0, 1])], ptr, at, df, 3, 2, [4], 9)[0].tolist() == [1, 2, 3]
+
+
+@FAST
+@given(st.data())
+def test_newer_first_match_reference(data):
+    """Turns sharing all, some or none of the query terms, of one speaker or two, at equal or
+    different times, with equal or very different scores: compiled and reference agree bit for bit;
+    and every update the rule names ends with the newer turn above the older one."""
+    n = data.draw(st.integers(1, 40))
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), max_size=12, unique=True)), np.int64)
+    m = len(rows)
+    postings = [np.array(sorted(data.draw(st.sets(st.integers(0, n - 1), max_size=n))), np.int64)
+                for _ in range(data.draw(st.integers(0, 5)))]
+    when = np.array(data.draw(st.lists(st.integers(0, 3), min_size=m, max_size=m)), np.int64)
+    who = np.array(data.draw(st.lists(st.integers(0, 1), min_size=m, max_size=m)), np.int64)
+    scores = np.array(data.draw(st.lists(st.floats(0.01, 1.0), min_size=m, max_size=m)), np.float64)
+    cover, least = data.draw(st.sampled_from([0.0, 0.5, 1.0])), data.draw(st.sampled_from([0.0, 0.5, 2.0]))
+    args = (postings, n, rows, when, who, scores, cover, least)
+    got, want = fastpath.newer_first(*args), ref.newer_first(*args)
+    assert same_floats(got, want)
+    said = np.array([[r in set(p.tolist()) for p in postings] for r in rows.tolist()], bool).reshape(m, len(postings))
+    idf = np.array([math.log1p((n - len(p) + 0.5) / (len(p) + 0.5)) for p in postings])
+    mass = said @ idf
+    for i in range(m):
+        for j in range(m):
+            newer = (when[j], rows[j]) > (when[i], rows[i])
+            if (newer and who[i] == who[j] and mass[i] > 0 and mass[j] > 0
+                    and (said[i] & said[j]) @ idf >= (cover - 1e-9) * mass[i] and scores[j] >= least * scores[i]):
+                assert got[j] > got[i] and got[j] >= scores[i]
+
+
+@IMPLS
+def test_newer_first_lifts_a_chain_of_tellings_and_checks_inputs(impl):
+    postings = [np.array([0, 1, 2, 5]), np.array([0, 2])]  # term 0 said by rows 0-2 and 5, term 1 by 0 and 2
+    rows, when, who = np.array([0, 1, 2, 5]), np.array([10, 20, 30, 40]), np.array([1, 1, 1, 2])
+    out = impl.newer_first(postings, 8, rows, when, who, np.array([0.9, 0.5, 0.8, 0.95]), 1.0, 0.0)
+    # Row 1 says term 0 only, so it is no update of row 0 (which also says term 1); row 2 says both and
+    # updates both, so it scores above the better of them; row 5 is another speaker's and keeps its score.
+    assert out[2] > out[0] > 0.9 > out[1] > 0.5 and out[3] == 0.95
+    with pytest.raises(ValueError, match="rows must be distinct"):
+        impl.newer_first(postings, 8, np.array([0, 0]), when[:2], who[:2], np.ones(2), 1.0, 0.0)
+    with pytest.raises(ValueError, match="must be ascending and unique"):
+        impl.newer_first([np.array([2, 1])], 8, rows, when, who, np.ones(4), 1.0, 0.0)
+    with pytest.raises(ValueError, match="rows holds row 9, outside 0-7"):
+        impl.newer_first(postings, 8, np.array([9]), when[:1], who[:1], np.ones(1), 1.0, 0.0)
+    with pytest.raises(ValueError, match="when must have length 4"):
+        impl.newer_first(postings, 8, rows, when[:2], who, np.ones(4), 1.0, 0.0)

@@ -164,3 +164,17 @@ def test_model_profile_without_the_extra_fails_clearly(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["recall.py", "--dataset", "longmemeval", "--profile", "model", "--quick"])
     with pytest.raises(SystemExit, match="needs the 'model' extra"):
         recall.main()
+
+
+def test_knowledge_updates_count_the_newest_telling_scored_first():
+    board = recall.Board()
+    update = recall.Question("How many stars for gold?", recall.UPDATE_CATEGORY, ["S2:1", "S9:3", "S12:1"])
+    board.add_update_order(update, 4000, {"S2:1": 0.5, "S12:1": 0.9, "S9:3": 0.7})  # newest first
+    board.add_update_order(update, 2000, {"S2:1": 0.9, "S12:1": 0.8})  # an older telling above it
+    board.add_update_order(update, 1000, {"S12:1": 0.8})  # only one telling: nothing to order
+    board.add_update_order(recall.Question("Where?", "multi-session", ["S1:1", "S2:1"]), 4000, {"S1:1": 1, "S2:1": 0})
+    board.add("ours", recall.Conversation(1, ("a", "b"), {}, []), update, 4000, {"S12:1"}, {})
+    out = board.summary((1000, 2000, 4000))
+    assert out["update_newer_first"] == {"1000": 0.0, "2000": 0.0, "4000": 1.0}
+    assert out["update_pairs"] == {"1000": 0, "2000": 1, "4000": 1}
+    assert recall.turn_position("S12:1") > recall.turn_position("S9:3") > recall.turn_position("S2:1")

@@ -1,5 +1,6 @@
 """Reference ranking kernels of the indexes and the episodic ranker: set overlaps (overlap_counts,
-best_matches), fused and hybrid top-k, windowed BM25, co-occurring and feedback terms.
+best_matches), fused and hybrid top-k, windowed BM25, co-occurring and feedback terms, and newer tellings
+first (newer_first).
 
 The float32 kernels round every step with _f32, which is what compiled float32 code computes.
 """
@@ -15,7 +16,7 @@ import numpy as np
 from fastpath.reference._common import _FLOAT_KINDS, _INT_KINDS, _array, _f32, _rows
 
 __all__ = ["overlap_counts", "best_matches", "fused_top_k", "hybrid_top_k", "window_bm25", "cooccurring_terms",
-           "feedback_terms"]
+           "feedback_terms", "newer_first"]
 
 
 def overlap_counts(a_sets: Sequence[Any], b_sets: Sequence[Any]) -> np.ndarray:
@@ -301,3 +302,63 @@ def feedback_terms(rows: Any, term_ptr: Any, term_at: Any, term_df: Any, n_rows:
                 acc[v] = acc.get(v, 0.0) + math.log(1.0 + (n_rows - df[v] + 0.5) / (df[v] + 0.5))
     best = sorted(acc, key=acc.__getitem__, reverse=True)[:max(k, 0)]  # stable: ties by first appearance
     return np.array(best, np.int64), np.array([acc[v] for v in best], np.float64)
+
+
+def newer_first(postings: Sequence[Any], n_rows: int, rows: Any, when: Any, who: Any, scores: Any,
+                cover_min: float, score_min: float) -> np.ndarray:
+    """Scores of packed turns with each newer telling of the same thing scored above the older ones
+    (the episodic ranker's knowledge updates, sidecar.memory.episodic.updates).
+
+    postings[b]: the ascending rows (of n_rows) that say query term b, idf[b] = log1p((n_rows - df +
+    0.5) / (df + 0.5)) with df = len(postings[b]). Turn i (row rows[i]) says term b when rows[i] is in
+    postings[b]; mass[i] = the sum over the terms it says, in b order, of idf[b]; shared(i, j) the same
+    sum over the terms both say. place[i]: turn i's index when the turns are sorted by (when, rows).
+    Turn j updates turn i when place[i] < place[j], who[i] == who[j], mass[i] > 0, mass[j] > 0,
+    shared(i, j) >= (cover_min - 1e-9) * mass[i] and scores[j] >= score_min * scores[i]. In place
+    order, best[j] = max(scores[j], best[i] for every i that j updates) (so through chains of
+    updates). A turn in any update scores best * (1 + 1e-7 * (place + 1)), any other keeps its score.
+    Returns float64 (len(rows)); rows must be distinct, in 0..n_rows-1, and the arrays of one length."""
+    row_list = _rows("rows", rows, max(int(n_rows), 1))
+    m = len(row_list)
+    when_list = _array("when", when, np.int64, _INT_KINDS, m).tolist()
+    who_list = _array("who", who, np.int64, _INT_KINDS, m).tolist()
+    score_list = _array("scores", scores, np.float64, _FLOAT_KINDS, m).tolist()
+    if len(set(row_list)) != m:
+        raise ValueError("rows must be distinct")
+    said: list[list[bool]] = [[] for _ in range(m)]
+    idf = []
+    for b, posting in enumerate(postings):
+        listed = _rows(f"postings[{b}]", posting, max(int(n_rows), 1))
+        if any(x >= y for x, y in zip(listed, listed[1:], strict=False)):
+            raise ValueError(f"postings[{b}] must be ascending and unique")
+        members = set(listed)
+        df = len(members)
+        idf.append(math.log1p((n_rows - df + 0.5) / (df + 0.5)))
+        for i, r in enumerate(row_list):
+            said[i].append(r in members)
+    mass = []
+    for i in range(m):
+        total = 0.0
+        for b, s in enumerate(said[i]):
+            if s:
+                total += idf[b]
+        mass.append(total)
+    order = sorted(range(m), key=lambda i: (when_list[i], row_list[i]))
+    place = [0] * m
+    for p, i in enumerate(order):
+        place[i] = p
+    best = list(score_list)
+    involved = [False] * m
+    for pj, j in enumerate(order):
+        for i in order[:pj]:
+            if who_list[i] != who_list[j] or mass[i] <= 0.0 or mass[j] <= 0.0:
+                continue
+            shared = 0.0
+            for b in range(len(idf)):
+                if said[i][b] and said[j][b]:
+                    shared += idf[b]
+            if shared >= (cover_min - 1e-9) * mass[i] and score_list[j] >= score_min * score_list[i]:
+                involved[i] = involved[j] = True
+                best[j] = max(best[j], best[i])
+    out = [best[k] * (1.0 + 1e-7 * (place[k] + 1)) if involved[k] else score_list[k] for k in range(m)]
+    return np.array(out, np.float64)

@@ -409,6 +409,7 @@ class ContextBuilder:
                               flow_unused=budget.flow_unused)
         if at is not None:
             sel = _widen(sel, at, len(tokens))
+        _rescore(live, offsets, sel)
         clock.lap("select")
 
         starts = np.asarray(offsets[:-1], np.int64)
@@ -422,6 +423,20 @@ class ContextBuilder:
         usage = [Usage(SOFT_WIRE[c], budgets[c], used[c], considered_n[c], picked_n[c], flowed[c])
                  for c in range(n_cat)]
         return soft_sections, usage, dropped, counts, int(sel.used.sum())
+
+
+def _rescore(live: list[CandidateBatch], offsets: list[int], sel: fastpath.Selection) -> None:
+    """The scores reported for each batch's packed candidates, where its source rescores them."""
+    if not any(b.rescore is not None for b in live):
+        return
+    picked = np.sort(sel.selected_in_order)
+    for k, b in enumerate(live):
+        if b.rescore is None:
+            continue
+        lo, hi = np.searchsorted(picked, [offsets[k], offsets[k + 1]])
+        mine = picked[lo:hi]
+        if len(mine) > 1:
+            sel.scores[mine] = b.rescore(mine - offsets[k], sel.scores[mine])
 
 
 def _keep_history_whole(live: list[CandidateBatch], offsets: list[int], exact: np.ndarray, sim: np.ndarray,

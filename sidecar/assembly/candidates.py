@@ -122,6 +122,9 @@ class CandidateBatch:
     excluded: set[int] = field(default_factory=set)  # see exclude()
     # Set by a knowledge source: True/False when it was consulted, None otherwise.
     knowledge_matched: bool | None = None
+    # Called once the selection is made, with the indices of this batch's packed candidates (ascending)
+    # and their scores: returns the scores reported for them (what is packed no longer changes).
+    rescore: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.texts)

@@ -24,7 +24,9 @@ opens with the news since the last one), for a turn in the first person ("I", "m
 speaker) over one in the second ("you"), and for a turn naming someone or something that is no
 speaker (a capitalised word inside a sentence). Terms are stemmed with irregular forms ("went" ->
 go) and a dropped final "e" ("hike"/"hiking"). Packed turns read "Ann: text"; their date is one
-"[8 May 2023]" item per day, packed ahead of that day's turns. With a model embedder (MODEL_RANKING)
+"[8 May 2023]" item per day, packed ahead of that day's turns. Among the packed turns, a newer
+telling of the same thing (same speaker, most of the older one's query terms said again) scores just
+above the older one (updates.py). With a model embedder (MODEL_RANKING)
 its cosine weighs more (but for a question asking when) and the query is embedded without the speakers'
 names. A question's ranking is kept while the user's turns are the same (_RankedCache): the same
 question again (an agent's tool loop, another budget) only cuts it to its budget.

@@ -27,6 +27,7 @@ from sidecar.memory.episodic.priors import Priors, capitalised, voice
 from sidecar.memory.episodic.scoring import Fusion
 from sidecar.memory.episodic.snapshots import pack, unpack
 from sidecar.memory.episodic.terms import terms
+from sidecar.memory.episodic.updates import Updates
 from sidecar.tokens import count_lines
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ _ROW_ARRAYS = ("codes", "scales", "tokens", "timestamps", "seqs", "roles", "spea
 
 
 @dataclass
-class _UserIndex(Fusion, Priors, QueryExpansion, WindowScoring):  # not slots: the arrays are set in __post_init__
+class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not slots: the arrays are set in __post_init__
     dim: int
     cap: int = 256
     window: int = 4

@@ -68,6 +68,11 @@ class Ranking:
     similar_terms: int = 10  # per query term, at most this many
     similar_weight: float = 0.2  # ... their share
     similar_min: float = 0.4  # ... whose cosine with the query term is at least this
+    # Knowledge updates (updates.py): among the packed turns, a newer telling of the same thing (same
+    # speaker, most of what the older turn was matched on said again) scores just above the older one.
+    update_min: float = 0.5  # the newer must score at least this share of the older (0: off)
+    update_cover: float = 0.5  # ... and say this share of the older's query terms, weighed by idf
+    update_window: int = 32  # the packed turns compared: the most relevant this many
     # Candidates handed to the builder.
     candidate_factor: float = 1.6  # return turns worth this multiple of the category budget
     max_candidates: int = 600  # rows kept per ranking at most

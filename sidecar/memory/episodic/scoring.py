@@ -6,6 +6,7 @@ and the cut of a ranking to its best rows (_best_first)."""
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,18 +54,18 @@ def asks_for_kinds(query: str) -> bool:
 class Fusion:
     """The fused ranking, as a method of _UserIndex (index.py)."""
 
+    def query_terms(self, query: str, r: Ranking) -> tuple[list[str], set[str]]:
+        """(the query's terms as matched against turns, the speakers' names as terms)."""
+        names = {stem(x) for name in self.speakers for x in name.split()}
+        kept = _query_terms(query, r.stem, frozenset(names) if r.drop_names else frozenset(), r.question_stopwords)
+        return list(kept), names
+
     def rank(self, query: str, qvec: np.ndarray | None, exclude_session: str, r: Ranking) -> np.ndarray:
         """Fused score per row (-inf for rows of the excluded session)."""
         n = len(self.ids)
         w = self.window
         decay = _decay(r.prev_decay, r.next_decay, r.neighbours, w)
-        q_terms = terms(query, stemmed=r.stem)
-        names = {stem(x) for name in self.speakers for x in name.split()}
-        if r.drop_names:
-            kept = [t for t in q_terms if t not in names]
-            q_terms = kept or q_terms
-        if r.question_stopwords:
-            q_terms = [t for t in q_terms if t not in QUESTION_WORDS] or q_terms
+        q_terms, names = self.query_terms(query, r)
         # The query's terms, their concept words and the terms said with them: window counts in one pass.
         have = set(q_terms)
         wider = [t for q in q_terms for t in CONCEPTS.get(q, ()) if t not in have] if r.concept_weight > 0 else []
@@ -134,6 +135,17 @@ class Fusion:
             score[top] = score[top] / (1.0 + r.diversity * rank_in)
         score[mult == 0.0] = -np.inf
         return score
+
+
+@lru_cache(maxsize=4096)
+def _query_terms(query: str, stemmed: bool, names: frozenset[str], question_stopwords: bool) -> tuple[str, ...]:
+    """Fusion.query_terms' terms (a query is asked again at other budgets, and rescored each call)."""
+    q_terms = terms(query, stemmed=stemmed)
+    if names:
+        q_terms = [t for t in q_terms if t not in names] or q_terms
+    if question_stopwords:
+        q_terms = [t for t in q_terms if t not in QUESTION_WORDS] or q_terms
+    return tuple(q_terms)
 
 
 def _best_first(score: np.ndarray, most: int) -> tuple[np.ndarray, np.ndarray]:

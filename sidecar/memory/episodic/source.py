@@ -403,6 +403,8 @@ class EpisodicSource:
         headers: list[ItemMeta] = self._day_headers(state, batch, rows) if not state.dated else []
         batch.priority = np.zeros(len(batch.texts))
         batch.meta = partial(_turn_meta, state, row_list, headers, batch.order)
+        if self.ranking.update_min > 0:
+            batch.rescore = partial(_newer_first, state, inp.query, rows, len(headers), self.ranking, self._lock)
         if not inp.counter.stored:  # another tokenizer: every item (turn, marked turn, day) is a line counted in it
             batch.tokens = np.array([inp.counter.line(t) for t in batch.texts], np.int32)
             batch.bodies = None  # the builder encodes the packed ones with these counts
@@ -439,21 +441,40 @@ def _mark_superseded(state: _UserIndex, batch: CandidateBatch, rows: list[int],
                      marks: dict[str, SupersededTurn]) -> None:
     """A recalled turn whose memory was superseded says so, with the date and what replaced it, and
     ranks at half its relevance and below every turn of the current memory among the candidates."""
-    hit = [j for j, row in enumerate(rows) if state.ids[row] in marks]
+    ids = _pick(state.ids, rows)
+    hit = [j for j, i in enumerate(ids) if i in marks]
     if not hit:
         return
+    at = {i: j for j, i in enumerate(ids)}
     relevance = np.array(batch.relevance, np.float64)
     texts, bodies, toks = list(batch.texts), list(batch.bodies), np.array(batch.tokens, np.int32)
     for j in hit:
         row = rows[j]
-        mark = marks[state.ids[row]]
-        current = [relevance[k] for k, r in enumerate(rows) if state.ids[r] in mark.current_sources]
+        mark = marks[ids[j]]
+        current = [relevance[at[i]] for i in mark.current_sources if i in at]
         relevance[j] = min([relevance[j] * 0.5, *(0.99 * c for c in current)])
         texts[j] = f"[superseded on {date_label(mark.at_ms)[1:-1]} by: {mark.by}] {state.texts[row]}"
         toks[j] = count_line(texts[j])
         bodies[j] = fastpath.encode_item(state.sources[row], Category.MEMORIES, int(toks[j]), texts[j],
                                          int(state.roles[row]), int(state.timestamps[row]), (state.ids[row],))
     batch.relevance, batch.texts, batch.bodies, batch.tokens = relevance, texts, bodies, toks
+
+
+def _newer_first(state: _UserIndex, query: str, rows: np.ndarray, headers: int, r: Ranking, lock: threading.Lock,
+                 packed: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Batch.rescore: among the packed turns (`packed`: their indices in the batch, ascending), a newer
+    telling of the same thing scores above the older one (updates.py); `headers` day items come first
+    in the batch, then the turns `rows`, best first."""
+    out = np.array(scores, np.float64)
+    # packed ascends, and the batch holds the turns best first: its first turns are the most relevant
+    # (a large budget packs hundreds).
+    first = int(np.searchsorted(packed, headers))
+    turns = slice(first, first + r.update_window)
+    if len(packed[turns]) < 2:
+        return out
+    with lock:  # the index's term arrays are read (and cached) under the source's lock
+        out[turns] = state.newer_first(state.query_terms(query, r)[0], rows[packed[turns] - headers], out[turns], r)
+    return out
 
 
 def _dense_query(query: str, state: _UserIndex | None, r: Ranking) -> str:
