@@ -44,6 +44,7 @@ def log(*args) -> None:
 class Call:
     tokens: np.ndarray
     breakpoints: list[int]  # token offsets where the response says a cache may end
+    fresh_output: int = 0  # tokens of the tool output this call shows for the first time (no cache has them)
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Ledger:
     openai_cached: int = 0
     anthropic_read: int = 0
     anthropic_written: int = 0
+    fresh_output: int = 0
     calls: int = 0
     sessions: list[list[Call]] = field(default_factory=list)
 
@@ -70,6 +72,7 @@ class Ledger:
             self.anthropic_written += max(last - read, 0)
             entries += [(i, b) for b in call.breakpoints if b >= MIN_CACHED]
             self.total += n
+            self.fresh_output += call.fresh_output
             self.calls += 1
 
     def figures(self) -> dict[str, float]:
@@ -79,6 +82,8 @@ class Ledger:
                 "cached_share": round(self.openai_cached / t, 4),
                 "cost_openai": round((READ * self.openai_cached + self.total - self.openai_cached) / t, 4),
                 "anthropic_read_share": round(self.anthropic_read / t, 4),
+                # The tool outputs each call shows first: what no layout can serve from a cache.
+                "fresh_output_share": round(self.fresh_output / t, 4),
                 "cost_anthropic": round((READ * self.anthropic_read + WRITE * self.anthropic_written
                                          + plain_anthropic) / t, 4)}
 
@@ -153,10 +158,13 @@ def tool_loop(stub, scope: pb.Scope, layout: int, turns: int, seed: int) -> list
     s = dict(scope=scope, session_id=sid)
     calls: list[Call] = []
 
-    def model_call(query: str, run: str) -> None:
+    def model_call(query: str, run: str, after_tool: bool = False) -> None:
         resp = stub.BuildContext(pb.BuildContextRequest(**s, run_id=run, query=query, system_rules=RULES, tools=TOOLS,
                                                         roles=["oncall"], render=pb.RENDER_MODE_CHAT, layout=layout))
         calls.append(flatten(resp))
+        if after_tool:  # the output the model just asked for: the newest tool message
+            newest = [m for m in resp.chat_messages if m.role == "tool"][-1:]
+            calls[-1].fresh_output = sum(len(encode(f"<|{m.role}|>\n{m.content}\n")) for m in newest)
 
     for t in range(turns):
         service = rng.choice(SERVICES)
@@ -173,7 +181,7 @@ def tool_loop(stub, scope: pb.Scope, layout: int, turns: int, seed: int) -> list
                 role=pb.ROLE_ASSISTANT, text=f"calling {tool} for {service}", tool_name=tool)]))
             stub.RecordToolResult(pb.RecordToolResultRequest(**s, run_id=run, tool_name=tool, call_id=f"c{t}-{k}",
                                                              full_text=tool_output(rng, service, rng.randint(30, 90))))
-            model_call(ask, run)
+            model_call(ask, run, after_tool=True)
         answer = f"{service}: {rng.choice(['pool saturated', 'a bad deploy', 'a noisy neighbour', 'healthy'])}; " \
                  f"next step {rng.choice(['scale out', 'roll back', 'watch for 10 minutes', 'open a ticket'])}."
         stub.AppendMessages(pb.AppendMessagesRequest(**s, messages=[pb.NewMessage(role=pb.ROLE_ASSISTANT, text=answer)]))
