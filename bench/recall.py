@@ -325,40 +325,27 @@ def turn_position(dia_id: str) -> tuple[int, int]:
     return int(session[1:]), int(turn)
 
 
-def evidence_scores(items: Iterable, by_message: dict[str, str]) -> dict[str, float]:
-    """Turn (dia_id) -> the best score of a context item holding it (the turn, or a memory drawn from it)."""
+def evidence_scores(items: Iterable, by_message: dict[str, str],
+                    memory_share: dict[str, float] | None = None) -> dict[str, float]:
+    """Evidence turns in the context: turn (dia_id) -> the best score of an item holding it (the turn,
+    or a memory drawn from it). memory_share, when given, accumulates what extracted memories
+    (memory:<id>) took: their tokens, their count, and (under "_via") the turns they hold."""
     best: dict[str, float] = {}
+    via_memory: set[str] = set()
     for item in items:
         ids = set(item.source_message_ids)
         if item.source.startswith("message:"):
             ids.add(item.source[len("message:"):])
-        for m in ids:
-            d = by_message.get(m)
-            if d:
-                best[d] = max(best.get(d, float("-inf")), float(item.score))
-    return best
-
-
-def context_dia_ids(resp: pb.BuildContextResponse, by_message: dict[str, str],
-                    memory_share: dict[str, float] | None = None) -> set[str]:
-    """Evidence turns in the context. memory_share, when given, accumulates what extracted memories
-    (memory:<id>) took: their tokens, their count, and the turns found only through them."""
-    found, via_memory = set(), set()
-    for section in resp.sections:
-        for item in section.items:
-            if item.source.startswith("message:"):
-                found.add(by_message.get(item.source[len("message:"):], ""))
-                continue
-            ids = {by_message.get(m, "") for m in item.source_message_ids}
-            if item.source.startswith("memory:") and memory_share is not None:
-                memory_share["tokens"] += item.tokens
-                memory_share["items"] += 1
-                via_memory |= ids
-            found |= ids
-    found.discard("")
+        turns = {d for m in ids if (d := by_message.get(m))}
+        if item.source.startswith("memory:") and memory_share is not None:
+            memory_share["tokens"] += item.tokens
+            memory_share["items"] += 1
+            via_memory |= turns
+        for d in turns:
+            best[d] = max(best.get(d, float("-inf")), float(item.score))
     if memory_share is not None:
-        memory_share["_via"] = via_memory - {""}  # type: ignore[assignment]
-    return found
+        memory_share["_via"] = via_memory  # type: ignore[assignment]
+    return best
 
 
 # ---------------------------------------------------------------------------------------- baselines
@@ -559,14 +546,15 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
                 resp = stub.BuildContext(req)
                 latencies[b].append(time.perf_counter() - t)
                 (repeat_calls if b != budgets[0] else first_calls).append(latencies[b][-1])
-                present = context_dia_ids(resp, by_message, mem[b])
+                scores = evidence_scores((it for s in resp.sections for it in s.items), by_message, mem[b])
+                present = set(scores)
                 via = mem[b].pop("_via")
                 direct = {by_message.get(it.source[len("message:"):], "") for s in resp.sections for it in s.items
                           if it.source.startswith("message:")}
                 mem[b]["evidence_only_via_memory"] += sum(1 for e in q.evidence if e in via and e not in direct)
                 for method, ids in (("ours", present), ("recency", recent[b]), ("bm25", packer.pack(ranked, b))):
                     board.add(method, conv, q, b, ids, session_of)
-                board.add_update_order(q, b, evidence_scores((it for s in resp.sections for it in s.items), by_message))
+                board.add_update_order(q, b, scores)
         mid_budget = 4000 if 4000 in budgets else budgets[0]
         for q in conv.questions[:20]:
             req = pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, debug=True,
