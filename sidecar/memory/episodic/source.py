@@ -470,10 +470,11 @@ def _newer_first(state: _UserIndex, query: str, rows: np.ndarray, headers: int, 
     # (a large budget packs hundreds).
     first = int(np.searchsorted(packed, headers))
     turns = slice(first, first + r.update_window)
-    if len(packed[turns]) < 2:
+    compared = packed[turns]
+    if len(compared) < 2:
         return out
     with lock:  # the index's term arrays are read (and cached) under the source's lock
-        out[turns] = state.newer_first(state.query_terms(query, r)[0], rows[packed[turns] - headers], out[turns], r)
+        out[turns] = state.newer_first(state.query_terms(query, r)[0], rows[compared - headers], out[turns], r)
     return out
 
 
