@@ -56,6 +56,7 @@ LME_TYPES = ("single-session-user", "single-session-assistant", "single-session-
 TENANT = "locomo"
 LME_TENANT = "longmemeval"
 QUICK_TURNS = 100  # --quick on LongMemEval: each haystack cut to about this many turns
+IMPORT_MESSAGES = 10_000  # ImportSessions takes this many messages per call (sidecar.services.limits)
 TURN_GAP_MS = 1000  # a session's turns one second apart: their timestamps keep their order
 METHODS = ("ours", "bm25", "recency")
 _EVIDENCE_RE = re.compile(r"^D:?(\d+):0*(\d+)$")
@@ -281,15 +282,42 @@ def user_of(conv: Conversation) -> pb.Scope:
     return pb.Scope(tenant_id=conv.tenant, user_id=conv.user_id)
 
 
+def new_message(t: Turn) -> pb.NewMessage:
+    return pb.NewMessage(role=pb.ROLE_USER if t.role is Role.USER else pb.ROLE_ASSISTANT, text=t.text,
+                         speaker=t.speaker, client_timestamp_ms=t.timestamp_ms)
+
+
+def import_history(stub, conv: Conversation) -> dict[str, str]:
+    """The conversation's sessions through ImportSessions (as many per call as its limits allow);
+    returns message_id -> dia_id."""
+    by_message: dict[str, str] = {}
+    calls: list[list[int]] = [[]]
+    held = 0
+    for n, turns in conv.sessions.items():
+        if calls[-1] and held + len(turns) > IMPORT_MESSAGES:
+            calls.append([])
+            held = 0
+        calls[-1].append(n)
+        held += len(turns)
+    for names in calls:
+        answer = stub.ImportSessions(pb.ImportSessionsRequest(scope=user_of(conv), sessions=[
+            pb.ImportedSession(session_id=f"s{n}", title=f"session {n}", closed=True,
+                               messages=[new_message(t) for t in conv.sessions[n]]) for n in names]))
+        for n, imported in zip(names, answer.sessions, strict=True):
+            by_message.update(zip(imported.message_ids, (t.dia_id for t in conv.sessions[n]), strict=True))
+    return by_message
+
+
 def ingest(stub, conv: Conversation, commit: str = "turn") -> dict[str, str]:
     """Replay the conversation; returns message_id -> dia_id."""
+    if commit == "import":
+        return import_history(stub, conv)
     scope = user_of(conv)
     by_message: dict[str, str] = {}
     for n, turns in conv.sessions.items():
         sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope, session_id=f"s{n}", title=f"session {n}")
                                  ).session_id
-        msgs = [pb.NewMessage(role=pb.ROLE_USER if t.role is Role.USER else pb.ROLE_ASSISTANT,
-                              text=t.text, speaker=t.speaker, client_timestamp_ms=t.timestamp_ms) for t in turns]
+        msgs = [new_message(t) for t in turns]
         if commit == "turn":
             for t, m in zip(turns, msgs, strict=True):
                 stored = stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id=sid, messages=[m]))
@@ -900,7 +928,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="2 budgets; LoCoMo's first 2 conversations, or one LongMemEval question per type, "
                              f"its haystack cut to about {QUICK_TURNS} turns")
-    parser.add_argument("--commit", choices=("turn", "session"), default="turn")
+    parser.add_argument("--commit", choices=("turn", "session", "import"), default="turn",
+                        help="replay with CommitTurn per turn or per session, or import whole histories "
+                             "(ImportSessions)")
     parser.add_argument("--offline", metavar="CACHE_DIR",
                         help="tuning: replay once into CACHE_DIR, then call BuildContext in process (no results written)")
     parser.add_argument("--keep", metavar="CACHE_DIR",

@@ -32,6 +32,7 @@ from sidecar.memory.service import MemoryService
 from sidecar.memory.source import MemorySource
 from sidecar.services.deletion import DeletionService
 from sidecar.services.facts import FactService
+from sidecar.services.imports import ImportService
 from sidecar.services.pinned import PinnedService
 from sidecar.services.runs import RunService
 from sidecar.services.sessions import SessionService
@@ -100,7 +101,8 @@ class Sidecar:
                                 poll_s=settings.job_poll_s, batch=JOB_BATCH)
         # A sub-agent's chatter is not the user's word: its turns are summarised, never made memories.
         self.turns = TurnService(self.sessions, self.worker, [EXTRACT_JOB, SUMMARY_JOB],
-                                 subsession_job_kinds=[SUMMARY_JOB])
+                                 subsession_job_kinds=[SUMMARY_JOB],
+                                 needed_by_whole_session={SUMMARY_JOB: self.compression.may_fold})
         index_dir = None if db_path == ":memory:" or is_postgres(db_path) else Path(db_path).with_suffix(".indexes")
         self.knowledge = KnowledgeService(self.store, self.embedder, index_dir,
                                           relevance_threshold=settings.knowledge_threshold)
@@ -123,6 +125,7 @@ class Sidecar:
         self.compression.head_moved = lambda scope, view: self.builder.prompts.head_moved(
             (scope.tenant_id, scope.user_id, view.session.session_id), prompt_head(view))
         self.store.append_listeners.append(self.episodic.on_append)
+        self.store.import_listeners.append(self.episodic.on_import)
         self.memories.on_forget(self.episodic.forget)
         self.memories.on_delete(self.episodic.exclude)
         self.episodic.superseded_turns = self.memories.superseded_turns
@@ -132,6 +135,7 @@ class Sidecar:
         self.memories.on_delete(lambda scope, ids: self.builder.forget_user(scope))
         self.memories.on_forget(self._clear_text_caches)
         self.memories.on_forget(self.builder.forget_user)
+        self.imports = ImportService(self.sessions, self.turns)
         self.deletion = DeletionService(self.sessions, self.memories, self.episodic, self.builder)
         requeue_interrupted(self.store)
         self.worker.start()

@@ -41,9 +41,9 @@ def session(s: Session) -> pb.Session:
     )
 
 
-def new_messages(msgs) -> list[NewMessage]:
+def new_messages(msgs, field: str = "messages") -> list[NewMessage]:
     return [
-        NewMessage(role=enum_value(Role, m.role, f"messages[{i}].role"), text=m.text, tool_name=m.tool_name,
+        NewMessage(role=enum_value(Role, m.role, f"{field}[{i}].role"), text=m.text, tool_name=m.tool_name,
                    tool_call_id=m.tool_call_id, client_timestamp_ms=m.client_timestamp_ms,
                    idempotency_key=m.idempotency_key, speaker=m.speaker,
                    tool_calls=tuple(ToolCall(c.id, c.name, c.arguments_json) for c in m.tool_calls))

@@ -22,6 +22,7 @@ from sidecar.idempotency import IDEMPOTENT_METHODS
 from sidecar.ids import check_id
 from sidecar.memory.service import MemoryInput
 from sidecar.services.facts import FactInput
+from sidecar.services.imports import PastSession
 
 
 class ContextServicer(pb_grpc.ContextServiceServicer):
@@ -43,6 +44,18 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
 
     def CloseSession(self, request, context):
         return convert.session(self.app.sessions.close(convert.scope(request), request.session_id))
+
+    def ImportSessions(self, request, context):
+        past = [PastSession(messages=convert.new_messages(p.messages, f"sessions[{i}].messages"),
+                            session_id=p.session_id, title=p.title, metadata=dict(p.metadata), closed=p.closed)
+                for i, p in enumerate(request.sessions)]
+        imported = self.app.imports.import_sessions(convert.scope(request), past)
+        return pb.ImportSessionsResponse(sessions=[
+            pb.ImportedSessionResult(
+                session=convert.session(s.session), message_ids=[m.message_id for m in s.messages],
+                masked=[pb.MaskedSecret(message_index=i, kind=f.kind, placeholder=f.placeholder) for i, f in s.masked],
+                job_ids=s.job_ids)
+            for s in imported])
 
     # ------------------------------------------------------------------ messages
     def AppendMessages(self, request, context):

@@ -11,7 +11,8 @@ from sidecar.idempotency import IDEMPOTENT_METHODS
 from tests.grpc_assert import expect_status
 
 WRITE_PREFIXES = ("Create", "Close", "Append", "Upsert", "Confirm", "Reject", "Start", "Update", "Checkpoint",
-                  "Resume", "Record", "Add", "Complete", "Commit", "Delete", "Forget", "Ingest", "SetLive", "Unpin")
+                  "Resume", "Record", "Add", "Complete", "Commit", "Delete", "Forget", "Ingest", "SetLive", "Unpin",
+                  "Import")
 
 
 def test_every_write_rpc_takes_an_idempotency_key():

@@ -48,9 +48,11 @@ from sidecar.domain import (
     ToolResult,
     ToolStatus,
 )
+from sidecar.errors import AlreadyExists
 from sidecar.store import schema as duck_schema
 from sidecar.store.duckdb_store import USER_TABLES as DUCK_USER_TABLES
 from sidecar.store.duckdb_store import DuckDBStore
+from sidecar.store.records import SessionImport, plan_append
 from tests.pg import pg_admin, pg_app_dsn, pg_create_schema, pg_drop_schema
 
 BACKENDS = ["duckdb", "postgres"]
@@ -253,6 +255,62 @@ def test_batch_is_atomic(backend, scope, monkeypatch):
     assert [m.text for m in backend.list_messages(scope, "s1")] == ["before"]
     after = backend.append_messages(scope, "s1", msgs("after"), counts(1), 3)
     assert after[0].seq == 2  # no gap left by the rolled-back batch
+
+
+def _imported(scope: Scope, sid: str, created: int, *texts: str, closed: bool = False) -> SessionImport:
+    """A session of an import: its row, its messages planned from seq 1, an extraction job, a pin."""
+    session = Session(tenant_id=scope.tenant_id, user_id=scope.user_id, session_id=sid, title=f"past {sid}",
+                      status=SessionStatus.CLOSED if closed else SessionStatus.OPEN, created_at_ms=created,
+                      updated_at_ms=9000, closed_at_ms=9000 if closed else 0)
+    plan = plan_append(scope, sid, msgs(*texts), counts(len(texts)), [(0, f"never touch {sid}", 4)], 9000, {}, 1)
+    return SessionImport(session, plan, [job(scope, f"job-{scope.tenant_id}-{sid}", created)])
+
+
+def test_import_sessions_stores_them_whole_in_the_timeline(backend, scope):
+    drain_jobs(backend)
+    new_session(backend, scope, "now", created=5000)
+    backend.append_messages(scope, "now", msgs("today"), counts(1), 5001)
+    backend.import_sessions(scope, [_imported(scope, "b", 2000, "b1", "b2", closed=True),
+                                    _imported(scope, "a", 1000, "a1")])
+    user = [int(Role.USER)]
+    assert [m.text for m in backend.list_user_messages(scope, user)] == ["a1", "b1", "b2", "today"]
+    b = backend.get_session(scope, "b")
+    assert (b.status, b.closed_at_ms, b.created_at_ms, b.message_count) == (SessionStatus.CLOSED, 9000, 2000, 2)
+    assert [(m.seq, m.text) for m in backend.list_messages(scope, "b")] == [(1, "b1"), (2, "b2")]
+    assert [p.text for p in backend.list_pinned(scope, "a")] == ["never touch a"]
+    assert backend.commit_watermark(scope, "b") == 2
+    claimed = backend.claim_jobs(0, limit=10)
+    assert sorted(j.job_id for j in claimed) == sorted(f"job-{scope.tenant_id}-{s}" for s in "ab")
+    for j in claimed:
+        j.status = JobStatus.DONE
+    backend.finish_jobs(claimed)
+    # An open imported session takes more messages after its own.
+    assert [m.seq for m in backend.append_messages(scope, "a", msgs("a2"), counts(1), 9001)] == [2]
+
+
+def test_import_sessions_is_all_or_nothing(backend, scope, monkeypatch):
+    drain_jobs(backend)
+    new_session(backend, scope, "taken")
+    with pytest.raises(AlreadyExists, match="taken"):
+        backend.import_sessions(scope, [_imported(scope, "fresh", 1, "x"), _imported(scope, "taken", 2, "y")])
+    real = type(backend)._insert_many
+
+    def boom(c, table, *args, **kw):
+        real(c, table, *args, **kw)
+        if table == "jobs":  # the last rows of an import
+            raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(backend, "_insert_many", boom)
+    with pytest.raises(RuntimeError):
+        backend.import_sessions(scope, [_imported(scope, "fresh", 1, "x", "y")])
+    monkeypatch.undo()
+    assert backend.get_session(scope, "fresh") is None
+    assert backend.list_user_messages(scope, [int(Role.USER)]) == []
+    assert backend.list_pinned(scope, "fresh") == [] and backend.commit_watermark(scope, "fresh") == 0
+    assert backend.claim_jobs(0, limit=10) == []
+    backend.import_sessions(scope, [_imported(scope, "fresh", 1, "x", "y")])
+    assert [m.seq for m in backend.list_messages(scope, "fresh")] == [1, 2]
+    drain_jobs(backend)
 
 
 def test_concurrent_appends_get_unique_contiguous_seqs(backend, scope):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -15,6 +15,7 @@ from sidecar.compress.summarize import ExtractiveSummarizer, Summarizer, Summary
 from sidecar.compress.trim import trim_tool_output
 from sidecar.domain import (
     Job,
+    Message,
     Provenance,
     RunNote,
     Scope,
@@ -145,6 +146,12 @@ class CompressionService:
         return list(self.sessions.view(scope, session_id).notes.get(run_id, []))
 
     # ------------------------------------------------------------------ rolling summary (a job)
+    def may_fold(self, messages: Sequence[Message]) -> bool:
+        """Whether a session holding only these messages (no summary, no tool results) could fold any
+        into a summary (update_summary's rule, at its lower threshold): an imported session's summary
+        job is queued only then, not loaded from rows to find nothing to do."""
+        return sum(m.line_tokens + 1 for m in messages) > self.settings.summary_window_tokens * EARLY_FOLD_AT
+
     def handle_summary_job(self, job: Job) -> dict[str, str]:
         scope = Scope(job.tenant_id, job.user_id)
         view = self.store.session_view(scope, job.payload["session_id"])

@@ -44,6 +44,7 @@ class WordVectors:
         self.index = {w: i for i, w in enumerate(self.words)}
         self.vectors = vecs  # unit rows, in the model's frequency order
         self.weight = np.log1p(np.arange(1, len(words) + 1, dtype=np.float32))  # by frequency rank
+        self.weighted = vecs * self.weight[:, None]  # each row times its weight: a text's vector is a sum of these
         self.dim = vecs.shape[1]
 
     @classmethod
@@ -57,28 +58,21 @@ class WordVectors:
         if len(texts) == 1:  # a query: the batch path's dozen numpy calls cost more than the sums
             return self.embed_one(texts[0])[None, :]
         out = np.zeros((len(texts), self.dim), np.float32)
-        rows: list[int] = []
-        owners: list[int] = []
-        index = self.index
+        index, weighted = self.index, self.weighted
         for k, text in enumerate(texts):
             found = [i for i in map(index.get, _WORD_RE.findall(text.lower())) if i is not None]
-            rows += found
-            owners += [k] * len(found)
-        if rows:
-            # owners never decrease: each text's rows are one run, summed by reduceat (np.add.at: 5x slower)
-            who = np.asarray(owners)
-            starts = np.flatnonzero(np.r_[True, who[1:] != who[:-1]])
-            out[who[starts]] = np.add.reduceat(self.vectors[rows] * self.weight[rows, None], starts, axis=0)
-            _to_unit_rows(out)
-        return out
+            if found:
+                # A sum per text: np.add.reduceat over all texts' rows at once (axis 0) is ~10x slower.
+                out[k] = weighted[found].sum(axis=0)
+        return _to_unit_rows(out)
 
     def embed_one(self, text: str) -> np.ndarray:
-        """float32[dim]: embed([text])[0], in four numpy calls."""
+        """float32[dim]: embed([text])[0], in three numpy calls."""
         index = self.index
         rows = [i for word in _WORD_RE.findall(text.lower()) if (i := index.get(word)) is not None]
         if not rows:
             return np.zeros(self.dim, np.float32)
-        v = self.weight[rows] @ self.vectors[rows]
+        v = self.weighted[rows].sum(axis=0)
         norm = float(np.sqrt(v @ v))
         return v / np.float32(norm) if norm > 0 else v
 

@@ -78,11 +78,13 @@ _CONCLUSION_RE = re.compile(
     r"\bturned\s+out\b|根因|原因是|修复|已解决|解决了|结论|定位到",
     re.I,
 )
-# One cheap search per turn decides whether the per-sentence rules run at all.
+# One search per turn decides whether the per-sentence rules run at all: a user's turn may hold any
+# cue; another role's only an episode's (its statements are not the user's).
 _ANY_CUE_RE = re.compile(
     "|".join(rx.pattern for rx in (_PREFERENCE_RE, _HABIT_RE, _SEMANTIC_RE, _INCIDENT_RE, _CONCLUSION_RE)),
     re.I,
 )
+_EPISODE_CUE_RE = re.compile("|".join(rx.pattern for rx in (_INCIDENT_RE, _CONCLUSION_RE)), re.I)
 
 # Known topics -> fixed subject keys, checked in order.
 _TOPICS: list[tuple[str, re.Pattern[str]]] = [
@@ -208,7 +210,8 @@ class RuleBasedExtractor:
         open_incident: tuple[Turn, str] | None = None
         for turn in turns:
             text = turn.text
-            if turn.role == "system" or not _ANY_CUE_RE.search(text) or is_low_information(text):
+            cue = _ANY_CUE_RE if turn.role == "user" else _EPISODE_CUE_RE
+            if turn.role == "system" or not cue.search(text) or is_low_information(text):
                 continue
             for sentence in sentences(text):
                 if turn.role == "user":

@@ -13,3 +13,6 @@ MAX_LIST_NEWEST = 10_000
 MAX_PAGE_SIZE = 500
 # A session holding this many messages takes no more (start a new session; the summary carries on).
 MAX_SESSION_MESSAGES = 100_000
+# ImportSessions: sessions and messages in one call (one transaction).
+MAX_IMPORT_SESSIONS = 1000
+MAX_IMPORT_MESSAGES = 10_000

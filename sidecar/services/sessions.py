@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from sidecar import tokens
 from sidecar.clock import now_ms
@@ -56,13 +56,7 @@ class SessionService:
     # ------------------------------------------------------------------ sessions
     def create(self, scope: Scope, session_id: str, title: str, metadata: dict[str, str], *,
                parent_session_id: str = "", task: str = "") -> Session:
-        check_id(session_id, "session_id", required=False)
-        check_text(title, "title", limits.MAX_TITLE)
-        if len(metadata) > limits.MAX_METADATA_ENTRIES:
-            raise InvalidArgument(f"metadata has {len(metadata)} entries; the limit is {limits.MAX_METADATA_ENTRIES}")
-        for k, v in metadata.items():
-            check_text(k, "metadata key", 256, required=True)
-            check_text(v, f"metadata[{k!r}]", limits.MAX_METADATA_VALUE)
+        check_session_fields(session_id, title, metadata)
         session_id = session_id or new_id("ses")
         at = now_ms()
         session = Session(tenant_id=scope.tenant_id, user_id=scope.user_id, session_id=session_id, title=title,
@@ -101,39 +95,15 @@ class SessionService:
         if len(messages) > limits.MAX_BATCH_MESSAGES:
             raise ResourceExhausted(
                 f"messages holds {len(messages)} messages; the limit per call is {limits.MAX_BATCH_MESSAGES}")
-        for i, m in enumerate(messages):
-            check_text(m.text, f"messages[{i}].text", limits.MAX_MESSAGE_TEXT)
-            check_text(m.tool_name, f"messages[{i}].tool_name", 256)
-            check_text(m.speaker, f"messages[{i}].speaker", 256)
-            check_id(m.tool_call_id, f"messages[{i}].tool_call_id", required=False)
-            check_id(m.idempotency_key, f"messages[{i}].idempotency_key", required=False)
-            if m.client_timestamp_ms < 0:
-                raise InvalidArgument(f"messages[{i}].client_timestamp_ms must not be negative")
-            if m.tool_calls:
-                check_tool_calls(m, f"messages[{i}]")
+        check_messages(messages)
         view = self.open_view(scope, session_id)
         if view.session.message_count + len(messages) > self.max_session_messages:
             raise ResourceExhausted(
                 f"session_id {session_id!r} holds {view.session.message_count} messages; the cap is "
                 f"{self.max_session_messages} per session")
-        masked: list[tuple[int, Masked]] = []
-        clean: list[NewMessage] = []
-        for i, m in enumerate(messages):
-            text, found = mask(m.text)
-            args = [mask_arguments(c.arguments_json) for c in m.tool_calls]  # what a call passes is stored too
-            in_args = [f for _, more in args for f in more]
-            masked += [(i, f) for f in found + in_args]
-            calls = tuple(replace(c, arguments_json=a) for c, (a, _) in zip(m.tool_calls, args, strict=True))
-            clean.append(replace(m, text=text, tool_calls=calls) if found or in_args else m)
-        messages = clean
-        # Counted once here; every later read uses the stored counts.
-        counts = list(zip(tokens.count_many([m.text for m in messages]),
-                          tokens.count_many([render_message_line(m.role, m.speaker, m.text) for m in messages]),
-                          strict=True))
-        # Explicit user prohibitions and requirements are pinned verbatim at ingest (hard zone).
-        pinned = [(i, text, tokens.count_tokens(text) + 1)
-                  for i, m in enumerate(messages) if m.role == Role.USER for text in detect_constraints(m.text)]
-        return self.store.append_messages(scope, session_id, messages, counts, now_ms(), pinned), masked
+        batch = prepare(messages)
+        return self.store.append_messages(scope, session_id, batch.messages, batch.counts, now_ms(),
+                                          batch.pinned), batch.masked
 
     def list_messages(self, scope: Scope, session_id: str, newest: int, from_seq: int, to_seq: int) -> list[Message]:
         self.view(scope, session_id)
@@ -146,6 +116,64 @@ class SessionService:
         if newest == 0 and from_seq == 0 and to_seq == 0:
             newest = 100  # no selector given: the newest 100, the common case
         return self.store.list_messages(scope, session_id, newest=newest, from_seq=from_seq, to_seq=to_seq)
+
+
+def check_session_fields(session_id: str, title: str, metadata: dict[str, str], field: str = "") -> None:
+    """A new session's id (optional), title and metadata; `field` prefixes the names in errors."""
+    check_id(session_id, f"{field}session_id", required=False)
+    check_text(title, f"{field}title", limits.MAX_TITLE)
+    if len(metadata) > limits.MAX_METADATA_ENTRIES:
+        raise InvalidArgument(
+            f"{field}metadata has {len(metadata)} entries; the limit is {limits.MAX_METADATA_ENTRIES}")
+    for k, v in metadata.items():
+        check_text(k, f"{field}metadata key", 256, required=True)
+        check_text(v, f"{field}metadata[{k!r}]", limits.MAX_METADATA_VALUE)
+
+
+def check_messages(messages: Sequence[NewMessage], field: str = "messages") -> None:
+    """Every message's fields, named as `field`[i] in errors."""
+    for i, m in enumerate(messages):
+        at = f"{field}[{i}]"
+        check_text(m.text, f"{at}.text", limits.MAX_MESSAGE_TEXT)
+        check_text(m.tool_name, f"{at}.tool_name", 256)
+        check_text(m.speaker, f"{at}.speaker", 256)
+        check_id(m.tool_call_id, f"{at}.tool_call_id", required=False)
+        check_id(m.idempotency_key, f"{at}.idempotency_key", required=False)
+        if m.client_timestamp_ms < 0:
+            raise InvalidArgument(f"{at}.client_timestamp_ms must not be negative")
+        if m.tool_calls:
+            check_tool_calls(m, at)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedBatch:
+    """Checked messages made ready to store: secrets masked, tokens counted, constraints found."""
+
+    messages: list[NewMessage]
+    masked: list[tuple[int, Masked]]  # (index in the batch, what was masked)
+    counts: list[tuple[int, int]]  # (text tokens, line tokens) per message
+    pinned: list[tuple[int, str, int]]  # (index in the batch, constraint, its tokens)
+
+
+def prepare(messages: Sequence[NewMessage]) -> PreparedBatch:
+    """Mask every secret before anything is stored, counted or indexed; count each message once
+    (every later read uses the stored counts); find the user's explicit prohibitions and
+    requirements, pinned verbatim at ingest (hard zone)."""
+    masked: list[tuple[int, Masked]] = []
+    clean: list[NewMessage] = []
+    for i, m in enumerate(messages):
+        text, found = mask(m.text)
+        args = [mask_arguments(c.arguments_json) for c in m.tool_calls]  # what a call passes is stored too
+        in_args = [f for _, more in args for f in more]
+        masked += [(i, f) for f in found + in_args]
+        calls = tuple(replace(c, arguments_json=a) for c, (a, _) in zip(m.tool_calls, args, strict=True))
+        clean.append(replace(m, text=text, tool_calls=calls) if found or in_args else m)
+    counts = list(zip(tokens.count_many([m.text for m in clean]),
+                      tokens.count_many([render_message_line(m.role, m.speaker, m.text) for m in clean]),
+                      strict=True))
+    pinned = [(i, text, tokens.count_tokens(text) + 1)
+              for i, m in enumerate(clean) if m.role == Role.USER for text in detect_constraints(m.text)]
+    return PreparedBatch(clean, masked, counts, pinned)
 
 
 def check_tool_calls(m: NewMessage, field: str) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from sidecar.domain import Message, Scope
+from sidecar.domain import Job, Message, Scope
 from sidecar.errors import InvalidArgument, NotFound, ResourceExhausted
 from sidecar.ids import check_id
 from sidecar.jobs import JobWorker, new_job
@@ -15,12 +15,15 @@ MAX_COMMIT_MESSAGES = 1000
 
 class TurnService:
     def __init__(self, sessions: SessionService, worker: JobWorker, job_kinds: Sequence[str], *,
-                 subsession_job_kinds: Sequence[str] = ()) -> None:
+                 subsession_job_kinds: Sequence[str] = (),
+                 needed_by_whole_session: dict[str, Callable[[Sequence[Message]], bool]] | None = None) -> None:
         self.sessions = sessions
         self.store = sessions.store
         self.worker = worker
         self.job_kinds = list(job_kinds)
         self.subsession_job_kinds = list(subsession_job_kinds)
+        # Kinds a whole session committed at once (an import) needs only when its predicate holds.
+        self.needed_by_whole_session = dict(needed_by_whole_session or {})
 
     def commit(self, scope: Scope, session_id: str, message_ids: Sequence[str]) -> list[str]:
         view = self.sessions.view(scope, session_id)
@@ -45,10 +48,20 @@ class TurnService:
             if message_ids:
                 raise InvalidArgument("message_ids holds no message")
             return []
-        ids = [m.message_id for m in messages]
-        kinds = self.subsession_job_kinds if view.session.parent_session_id else self.job_kinds
-        jobs = [new_job(scope, kind, {"session_id": session_id, "message_ids": ids}, total_items=len(ids))
-                for kind in kinds]
+        jobs = self.jobs_for(scope, session_id, [m.message_id for m in messages],
+                             subsession=bool(view.session.parent_session_id))
         self.store.commit_turn(scope, session_id, max(m.seq for m in messages), jobs)
         self.worker.notify()
         return [j.job_id for j in jobs]
+
+    def jobs_for(self, scope: Scope, session_id: str, message_ids: list[str], *, subsession: bool = False) -> list[Job]:
+        """The after-turn jobs of these committed messages of a session."""
+        kinds = self.subsession_job_kinds if subsession else self.job_kinds
+        return [new_job(scope, kind, {"session_id": session_id, "message_ids": message_ids},
+                        total_items=len(message_ids)) for kind in kinds]
+
+    def whole_session_jobs(self, scope: Scope, session_id: str, messages: Sequence[Message]) -> list[Job]:
+        """The after-turn jobs of a new top-level session committed whole (an import)."""
+        ids = [m.message_id for m in messages]
+        return [j for j in self.jobs_for(scope, session_id, ids)
+                if (needed := self.needed_by_whole_session.get(j.kind)) is None or needed(messages)]

@@ -31,6 +31,7 @@ from sidecar.domain import (
     SubSessionResult,
     ToolResult,
 )
+from sidecar.store.records import SessionImport
 
 
 class Store(Protocol):
@@ -45,6 +46,7 @@ class Store(Protocol):
     def append_messages(self, scope: Scope, session_id: str, messages: Sequence[NewMessage],
         token_counts: Sequence[tuple[int, int]], now_ms: int, pinned: Sequence[tuple[int, str,
         int]] = ()) -> list[Message]: ...
+    def import_sessions(self, scope: Scope, batch: Sequence[SessionImport]) -> None: ...
     def list_messages(self, scope: Scope, session_id: str, *, newest: int = 0, from_seq: int = 0,
         to_seq: int = 0) -> list[Message]: ...
     def get_messages(self, scope: Scope, session_id: str, message_ids: Sequence[str]) -> list[Message]: ...

@@ -45,6 +45,7 @@ MESSAGE_LINE_EXTRA = 1  # the newline that separates a message line from the nex
 log = logging.getLogger("sidecar.store")
 
 if TYPE_CHECKING:
+    from sidecar.store.records import SessionImport
     from sidecar.tokens import TokenCounter
 
 
@@ -175,6 +176,8 @@ class CachingStore:
         # Called after every committed append with (scope, session_id, new messages): derived
         # indexes (episodic recall) stay current without polling the database.
         self.append_listeners: list[Callable[[Scope, str, list[Message]], None]] = []
+        # Called after every committed import with the user's scope.
+        self.import_listeners: list[Callable[[Scope], None]] = []
 
     def __getattr__(self, name: str) -> Any:
         # Everything not cached here (runs, jobs, ...) goes straight to the backend.
@@ -306,6 +309,16 @@ class CachingStore:
                 except Exception:  # the rows are committed: an index's failure must not fail the write
                     log.exception("append listener %r failed", listener)
             return stored
+
+    def import_sessions(self, scope: Scope, batch: Sequence[SessionImport]) -> None:
+        """The backend's import_sessions. No view is cached: the sessions are past conversations, and
+        none was cached before (they are new)."""
+        self.backend.import_sessions(scope, batch)
+        for listener in self.import_listeners:
+            try:
+                listener(scope)
+            except Exception:  # the rows are committed: an index's failure must not fail the write
+                log.exception("import listener %r failed", listener)
 
     def write_facts(self, scope: Scope, session_id: str, upserts: Sequence[Fact], deletes: Sequence[tuple[str, int]],
                     changes: Sequence[FactChange], at_ms: int) -> None:

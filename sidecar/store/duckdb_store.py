@@ -114,11 +114,7 @@ class DuckDBStore:
     def create_session(self, scope: Scope, session: Session) -> None:
         try:
             with self._tx() as c:
-                self._insert_many(c, "sessions", records.SESSION_COLS, [(
-                    scope.tenant_id, scope.user_id, session.session_id, session.title, int(session.status),
-                    session.created_at_ms, session.updated_at_ms, session.closed_at_ms, session.parent_session_id,
-                    session.task, json.dumps(session.metadata, sort_keys=True),
-                )])
+                self._insert_many(c, "sessions", records.SESSION_COLS, [records.session_row(scope, session)])
         except duckdb.ConstraintException as exc:  # the primary key: no read before the write
             raise AlreadyExists(f"session_id {session.session_id!r} already exists") from exc
         with self._lock:  # a new session holds no message: its first append needs no max(seq) read
@@ -182,6 +178,23 @@ class DuckDBStore:
             # recorded after the commit so a rolled-back batch leaves no gap.
             self._next_seq[seq_key] = plan.next_seq
             return plan.out
+
+    def import_sessions(self, scope: Scope, batch: Sequence[records.SessionImport]) -> None:
+        """Store new sessions whole (rows, messages, pinned constraints, commit watermarks, after-turn
+        jobs) in one transaction; AlreadyExists, and nothing stored, when one of the ids is taken."""
+        ids = [b.session.session_id for b in batch]
+        with self._lock:
+            with self._tx() as c:
+                taken = c.execute(
+                    f"SELECT session_id FROM sessions WHERE tenant_id = ? AND user_id = ? AND session_id IN "
+                    f"({', '.join('?' * len(ids))}) ORDER BY session_id",
+                    [scope.tenant_id, scope.user_id, *ids]).fetchall()
+                if taken:
+                    raise AlreadyExists(f"session_id {taken[0][0]!r} already exists")
+                for table, columns, rows in records.import_rows(scope, batch):
+                    self._insert_many(c, table, columns, rows)
+            for b in batch:
+                self._next_seq[(scope.tenant_id, scope.user_id, b.session.session_id)] = b.plan.next_seq
 
     def list_messages(
         self, scope: Scope, session_id: str, *, newest: int = 0, from_seq: int = 0, to_seq: int = 0

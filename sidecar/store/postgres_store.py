@@ -210,11 +210,7 @@ class PostgresStore:
     def create_session(self, scope: Scope, session: Session) -> None:
         try:
             with self._tx(scope) as cur:
-                self._insert_many(cur, "sessions", records.SESSION_COLS, [(
-                    scope.tenant_id, scope.user_id, session.session_id, session.title, int(session.status),
-                    session.created_at_ms, session.updated_at_ms, session.closed_at_ms, session.parent_session_id,
-                    session.task, json.dumps(session.metadata, sort_keys=True),
-                )])
+                self._insert_many(cur, "sessions", records.SESSION_COLS, [records.session_row(scope, session)])
         except psycopg.errors.UniqueViolation as exc:  # the primary key: no read before the write
             raise AlreadyExists(f"session_id {session.session_id!r} already exists") from exc
 
@@ -277,6 +273,24 @@ class PostgresStore:
             if plan.message_rows:
                 self._log_changes(cur, scope, "message", [session_id])
             return plan.out
+
+    def import_sessions(self, scope: Scope, batch: Sequence[records.SessionImport]) -> None:
+        """Store new sessions whole (rows, messages, pinned constraints, commit watermarks, after-turn
+        jobs) in one transaction; AlreadyExists, and nothing stored, when one of the ids is taken (a
+        concurrent creator of the same id included: the primary key decides)."""
+        ids = [b.session.session_id for b in batch]
+        try:
+            with self._tx(scope) as cur:
+                cur.execute("SELECT session_id FROM sessions WHERE tenant_id = %s AND user_id = %s "
+                            "AND session_id = ANY(%s) ORDER BY session_id", [scope.tenant_id, scope.user_id, ids])
+                taken = cur.fetchall()
+                if taken:
+                    raise AlreadyExists(f"session_id {taken[0][0]!r} already exists")
+                for table, columns, rows in records.import_rows(scope, batch):
+                    self._insert_many(cur, table, columns, rows)
+                self._log_changes(cur, scope, "message", ids)
+        except psycopg.errors.UniqueViolation as exc:
+            raise AlreadyExists("a session_id of this import was created by another call meanwhile") from exc
 
     def list_messages(
         self, scope: Scope, session_id: str, *, newest: int = 0, from_seq: int = 0, to_seq: int = 0

@@ -154,6 +154,37 @@ class AppendPlan:
     next_seq: int
 
 
+@dataclass(frozen=True, slots=True)
+class SessionImport:
+    """One session of an ImportSessions call: its row, its planned messages (sequence numbers from 1)
+    and its after-turn jobs; stored with every other session of the call in one transaction."""
+
+    session: Session
+    plan: AppendPlan
+    jobs: list[Job]
+
+
+def session_row(scope: Scope, s: Session) -> tuple:
+    return (scope.tenant_id, scope.user_id, s.session_id, s.title, int(s.status), s.created_at_ms, s.updated_at_ms,
+            s.closed_at_ms, s.parent_session_id, s.task, json.dumps(s.metadata, sort_keys=True))
+
+
+TURN_COMMIT_COLS = "tenant_id, user_id, session_id, upto_seq"
+
+
+def import_rows(scope: Scope, batch: Sequence[SessionImport]) -> list[tuple[str, str, list[tuple]]]:
+    """(table, columns, rows) of an ImportSessions call, every session's rows of a table together:
+    a statement per table, not per session."""
+    return [
+        ("sessions", SESSION_COLS, [session_row(scope, b.session) for b in batch]),
+        ("messages", MESSAGE_COLS, [r for b in batch for r in b.plan.message_rows]),
+        ("pinned_constraints", PINNED_COLS, [r for b in batch for r in b.plan.pinned_rows]),
+        ("turn_commits", TURN_COMMIT_COLS,
+         [(scope.tenant_id, scope.user_id, b.session.session_id, b.plan.next_seq - 1) for b in batch]),
+        ("jobs", JOB_COLS, [job_row(j) for b in batch for j in b.jobs]),
+    ]
+
+
 def plan_append(scope: Scope, session_id: str, messages: Sequence[NewMessage],
                 token_counts: Sequence[tuple[int, int]], pinned: Sequence[tuple[int, str, int]], now_ms: int,
                 existing: dict[str, Message], next_seq: int) -> AppendPlan:

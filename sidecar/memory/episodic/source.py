@@ -166,6 +166,19 @@ class EpisodicSource:
                 return
             self._bound(key)
 
+    def on_import(self, scope: Scope) -> None:
+        """store.import_listeners hook: imported sessions may sit anywhere in the user's timeline (they
+        are dated by their first message), so the user's index is rebuilt from rows, in timeline
+        order, as a restart would rebuild it."""
+        with self._lock:
+            key = (scope.tenant_id, scope.user_id)
+            self._discard(key)
+            try:
+                self._load(scope)
+            except Exception:
+                log.exception("episodic index rebuild failed for a user; rebuilt from rows on next use")
+                self.drop_user(scope)
+
     def generation(self, scope: Scope) -> tuple[int, int] | None:
         """Changes whenever the user's past turns are rebuilt or some leave recall (not when turns are
         added: a session's recalled turns come from other sessions)."""

@@ -1,0 +1,149 @@
+"""ImportSessions (issue #32, bulk ingest): past conversations stored as new sessions in one call and
+one transaction store what CreateSession, AppendMessages and CommitTurn of each session store; a bad
+field anywhere, a taken id or a failed write stores nothing; the user's timeline follows the
+sessions' dates whatever their order in the call."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from sidecar.api import context_service_pb2 as pb
+from sidecar.domain import Scope
+from sidecar.services import limits
+from tests.grpc_assert import expect_status
+from tests.test_bulk_ingest import SESSIONS, _FailingInsert, _messages, _replay, _stored
+
+
+def _past(day: int, turns: list[str], **kw) -> pb.ImportedSession:
+    return pb.ImportedSession(session_id=f"s{day}", messages=_messages(turns, day), **kw)
+
+
+def _import(stub, scope: pb.Scope, sessions: list[pb.ImportedSession], **kw) -> pb.ImportSessionsResponse:
+    return stub.ImportSessions(pb.ImportSessionsRequest(scope=scope, sessions=sessions, **kw))
+
+
+def _wait(stub, scope: pb.Scope) -> None:
+    while not stub.WaitForJobs(pb.WaitForJobsRequest(scope=scope, timeout_ms=30_000)).all_finished:
+        pass
+
+
+def test_an_import_stores_what_a_replay_of_each_session_stores(fresh_server):
+    stub = fresh_server.stub
+    imported, replayed = (pb.Scope(tenant_id="import", user_id=u) for u in ("imported", "replayed"))
+    # Given newest first: the timeline still follows the dates.
+    answer = _import(stub, imported, [_past(day, turns) for day, turns in reversed(list(enumerate(SESSIONS)))])
+    _wait(stub, imported)
+    _replay(stub, replayed, whole=True)
+    got, want = _stored(stub, imported), _stored(stub, replayed)
+    messages, memories, recalled = got
+    assert len(messages) == sum(map(len, SESSIONS)) and memories and any(recalled)
+    assert "sk-live" not in repr(got)  # masked before anything was stored
+    assert got == want
+    # The answer: each session in request order with its message ids, secrets and jobs.
+    assert [s.session.session_id for s in answer.sessions] == ["s2", "s1", "s0"]
+    assert [len(s.message_ids) for s in answer.sessions] == [len(t) for t in reversed(SESSIONS)]
+    assert [(m.message_index, m.kind) for m in answer.sessions[1].masked] == [(4, "openai_key")]
+    assert all(len(s.job_ids) == 1 for s in answer.sessions)  # short sessions: nothing to summarise
+    assert answer.sessions[2].session.created_at_ms == _messages(SESSIONS[0], 0)[0].client_timestamp_ms
+    # The recall index holds the turns in timeline order, as a rebuild from rows would.
+    state = fresh_server.app.episodic._users[("import", "imported")]
+    assert list(state.ids) == [m.message_id for m in fresh_server.app.store.list_user_messages(
+        Scope("import", "imported"), [1, 2])]
+
+
+def test_imported_sessions_are_closed_or_open_as_asked(stub, scope):
+    answer = _import(stub, scope, [_past(0, ["done"], closed=True), _past(1, ["going on"], title="t")])
+    closed, open_ = (s.session for s in answer.sessions)
+    assert closed.status == pb.SESSION_STATUS_CLOSED and closed.closed_at_ms > 0
+    assert open_.status == pb.SESSION_STATUS_OPEN and open_.title == "t" and open_.message_count == 1
+    expect_status(lambda: stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id="s0",
+                                                                       messages=_messages(["more"], 0))),
+                  grpc.StatusCode.FAILED_PRECONDITION, "closed")
+    more = stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id="s1", messages=_messages(["more"], 1)))
+    assert [m.seq for m in more.messages] == [2]
+    pins = _import(stub, scope, [_past(2, ["Never restart the production database."])])
+    listed = stub.ListPinned(pb.ListPinnedRequest(scope=scope, session_id="s2")).pinned
+    assert [p.message_id for p in listed] == list(pins.sessions[0].message_ids)
+
+
+def test_a_long_session_is_summarised_after_its_import(stub, scope):
+    long_turns = [f"Step {i}: the deploy of service {i} to the cluster finished after a long migration " * 12
+                  for i in range(40)]
+    answer = _import(stub, scope, [_past(0, long_turns), _past(1, ["short"])])
+    assert [len(s.job_ids) for s in answer.sessions] == [2, 1]  # memories and summary; memories only
+    _wait(stub, scope)
+    jobs = [stub.GetJobStatus(pb.GetJobStatusRequest(scope=scope, job_id=j)) for j in answer.sessions[0].job_ids]
+    assert {j.status for j in jobs} == {pb.JOB_STATUS_DONE}
+    assert any(j.result.get("folded", "0") != "0" for j in jobs)
+
+
+@pytest.mark.parametrize(("sessions", "code", "named"), [
+    ([], grpc.StatusCode.INVALID_ARGUMENT, "sessions must hold"),
+    ([pb.ImportedSession(session_id="a")], grpc.StatusCode.INVALID_ARGUMENT, "sessions[0].messages"),
+    ([_past(0, ["x"]), pb.ImportedSession(session_id="s0", messages=_messages(["y"], 1))],
+     grpc.StatusCode.INVALID_ARGUMENT, "sessions[1].session_id"),
+    ([_past(0, ["x"]), pb.ImportedSession(session_id="b", messages=[pb.NewMessage(role=pb.ROLE_USER, text="ok"),
+                                                                    pb.NewMessage(role=pb.ROLE_USER, text="x" * (limits.MAX_MESSAGE_TEXT + 1))])],
+     grpc.StatusCode.INVALID_ARGUMENT, "sessions[1].messages[1].text"),
+    ([pb.ImportedSession(session_id="b", messages=[pb.NewMessage(role=99, text="x")])],
+     grpc.StatusCode.INVALID_ARGUMENT, "sessions[0].messages[0].role"),
+    ([pb.ImportedSession(session_id="bad id!", messages=_messages(["x"], 0))],
+     grpc.StatusCode.INVALID_ARGUMENT, "sessions[0].session_id"),
+    ([pb.ImportedSession(session_id="b", title="t" * (limits.MAX_TITLE + 1), messages=_messages(["x"], 0))],
+     grpc.StatusCode.INVALID_ARGUMENT, "sessions[0].title"),
+    ([pb.ImportedSession(messages=_messages(["x"], 0))] * (limits.MAX_IMPORT_SESSIONS + 1),
+     grpc.StatusCode.RESOURCE_EXHAUSTED, "sessions holds"),
+    ([pb.ImportedSession(session_id=f"s{i}", messages=_messages(["x"] * 1001, 0)) for i in range(10)],
+     grpc.StatusCode.RESOURCE_EXHAUSTED, "10010 messages"),
+])
+def test_a_bad_import_names_its_field_and_stores_nothing(stub, scope, sessions, code, named):
+    expect_status(lambda: _import(stub, scope, sessions), code, named)
+    listed = stub.ListSessions(pb.ListSessionsRequest(scope=scope, include_closed=True)).sessions
+    assert list(listed) == []
+
+
+def test_a_taken_session_id_stores_nothing(stub, scope):
+    stub.CreateSession(pb.CreateSessionRequest(scope=scope, session_id="s1"))
+    expect_status(lambda: _import(stub, scope, [_past(0, ["x"]), _past(1, ["y"])]),
+                  grpc.StatusCode.ALREADY_EXISTS, "'s1'")
+    listed = stub.ListSessions(pb.ListSessionsRequest(scope=scope, include_closed=True)).sessions
+    assert [s.session_id for s in listed] == ["s1"]
+
+
+def test_an_import_that_fails_to_store_leaves_nothing_and_its_retry_stores_it_once(fresh_server, monkeypatch):
+    stub, app = fresh_server.stub, fresh_server.app
+    scope = pb.Scope(tenant_id="import", user_id="atomic")
+    past = [_past(day, turns) for day, turns in enumerate(SESSIONS)]
+    backend = app.store.backend
+    monkeypatch.setattr(backend, "_insert_many", _FailingInsert(backend._insert_many, "jobs"))
+    expect_status(lambda: _import(stub, scope, past, idempotency_key="import-1"), grpc.StatusCode.INTERNAL)
+    owner = Scope("import", "atomic")
+    assert backend.list_user_messages(owner, [1, 2]) == [] and backend.get_session(owner, "s0") is None
+    assert app.episodic.indexed(owner) == 0
+    monkeypatch.undo()
+    first = _import(stub, scope, past, idempotency_key="import-1")
+    again = _import(stub, scope, past, idempotency_key="import-1")
+    assert again == first
+    assert len(backend.list_user_messages(owner, [1, 2])) == sum(map(len, SESSIONS))
+    expect_status(lambda: _import(stub, scope, past[:1], idempotency_key="import-1"),
+                  grpc.StatusCode.FAILED_PRECONDITION, "idempotency_key")
+
+
+@pytest.mark.parametrize("with_history", [False, True], ids=["new user", "user with history"])
+def test_hostile_but_valid_histories_import_and_are_recalled(stub, scope, with_history):
+    if with_history:
+        _import(stub, scope, [_past(0, ["I keep bees on the roof of the bakery."])])
+    log = "\n".join(f"2026-12-05T10:{i % 60:02d}:00Z ERROR pool-{i} connection reset by peer (errno 104)"
+                    for i in range(2000))
+    words = " ".join(f"w{i}x{i * 7919 % 10007}" for i in range(5000))
+    huge = ("lorem ipsum dolor " * 15_000)[:limits.MAX_MESSAGE_TEXT - 10]
+    cjk = "不要在周五重启生产数据库。我喜欢喝乌龙茶 🍵🐝，周末去爬山 🏔️。" * 50
+    _import(stub, scope, [_past(5, [log, "Looks like the pool is exhausted."]), _past(6, [words, huge]),
+                          _past(7, [cjk, "好的，记住了 👍"])])
+    asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    for query in ("connection reset by peer", "乌龙茶", "bees on the roof"):
+        resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking, query=query))
+        texts = " ".join(it.text for s in resp.sections for it in s.items)
+        if query != "bees on the roof" or with_history:
+            assert query in texts
