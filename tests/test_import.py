@@ -147,3 +147,32 @@ def test_hostile_but_valid_histories_import_and_are_recalled(stub, scope, with_h
         texts = " ".join(it.text for s in resp.sections for it in s.items)
         if query != "bees on the roof" or with_history:
             assert query in texts
+
+
+def test_an_imports_extraction_jobs_read_their_messages_in_one_query(fresh_server, monkeypatch):
+    stub, backend = fresh_server.stub, fresh_server.app.store.backend
+    reads: list[str] = []
+    for name in ("get_messages", "get_user_messages"):
+        real = getattr(backend, name)
+        monkeypatch.setattr(backend, name, lambda *a, _real=real, _name=name: reads.append(_name) or _real(*a))
+    scope = pb.Scope(tenant_id="import", user_id="batched")
+    _import(stub, scope, [_past(day, turns) for day, turns in enumerate(SESSIONS)])
+    _wait(stub, scope)
+    assert reads == ["get_user_messages"]
+    memories = stub.ListMemories(pb.ListMemoriesRequest(scope=scope, page_size=100)).memories
+    assert {"I prefer concise answers with code first.", "I always run the integration tests before merging."} <= {
+        m.content for m in memories}
+
+
+def test_a_failed_prefetch_leaves_each_job_to_read_for_itself(fresh_server, monkeypatch):
+    stub, backend = fresh_server.stub, fresh_server.app.store.backend
+
+    def broken(*args):
+        raise RuntimeError("connection lost")
+
+    monkeypatch.setattr(backend, "get_user_messages", broken)
+    scope = pb.Scope(tenant_id="import", user_id="unbatched")
+    _import(stub, scope, [_past(day, turns) for day, turns in enumerate(SESSIONS)])
+    _wait(stub, scope)
+    memories = stub.ListMemories(pb.ListMemoriesRequest(scope=scope, page_size=100)).memories
+    assert "I prefer concise answers with code first." in {m.content for m in memories}

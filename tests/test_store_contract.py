@@ -345,6 +345,13 @@ def test_get_messages_by_id(backend, scope):
     assert [m.text for m in backend.get_messages(scope, "s1", ids)] == ["a", "c"]
     assert backend.get_messages(scope, "s1", []) == []
     assert backend.get_messages(scope, "s2", ids) == []
+    new_session(backend, scope, "s0")
+    other = backend.append_messages(scope, "s0", msgs("z"), counts(1), 2)
+    wanted = [*ids, other[0].message_id]
+    assert [(m.session_id, m.text) for m in backend.get_user_messages(scope, wanted)] == [
+        ("s0", "z"), ("s1", "a"), ("s1", "c")]
+    assert backend.get_user_messages(Scope(scope.tenant_id, "bob"), wanted) == []
+    assert backend.get_user_messages(scope, []) == []
 
 
 def test_tool_calls_round_trip(backend, scope):

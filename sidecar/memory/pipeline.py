@@ -4,9 +4,10 @@ supersede, create). Every rejection is counted by its reason in the job's result
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 
-from sidecar.domain import Authority, Job, MemoryType, Scope
+from sidecar.domain import Authority, Job, MemoryType, Message, Scope
 from sidecar.memory.extract import Extractor, MemoryCandidate
 from sidecar.memory.filters import filter_candidates, is_low_information
 from sidecar.memory.service import MemoryInput, MemoryService
@@ -27,11 +28,32 @@ class ExtractionPipeline:
         self.memories = memories
         self.extractor = extractor
         self.min_confidence = min_confidence
+        self._prefetched: dict[str, list[Message]] = {}  # job id -> its messages (the worker's thread only)
+
+    def prefetch(self, jobs: Sequence[Job]) -> None:
+        """The messages of a claimed batch's jobs, one query per user (an import queues a job per
+        session; a query each would cost more than their extraction)."""
+        self._prefetched.clear()
+        by_user: dict[Scope, list[Job]] = {}
+        for job in jobs:
+            by_user.setdefault(Scope(job.tenant_id, job.user_id), []).append(job)
+        for scope, group in by_user.items():
+            if len(group) < 2:
+                continue  # handle() reads it, from the cached view where it can
+            found = {m.message_id: m for m in self.store.get_user_messages(
+                scope, [i for job in group for i in job.payload["message_ids"]])}
+            for job in group:
+                session_id = job.payload["session_id"]
+                self._prefetched[job.job_id] = sorted(
+                    (m for i in job.payload["message_ids"] if (m := found.get(i)) is not None
+                     and m.session_id == session_id), key=lambda m: m.seq)
 
     def handle(self, job: Job) -> dict[str, str]:
         scope = Scope(job.tenant_id, job.user_id)
         session_id = job.payload["session_id"]
-        messages = self.store.get_messages(scope, session_id, job.payload["message_ids"])
+        messages = self._prefetched.pop(job.job_id, None)
+        if messages is None:
+            messages = self.store.get_messages(scope, session_id, job.payload["message_ids"])
         return {k: str(v) for k, v in self.run(scope, [
             Turn(message_id=m.message_id, role=m.role.label, text=m.text, speaker=m.speaker or None,
                  timestamp_ms=m.timestamp_ms) for m in messages]).items()}

@@ -317,6 +317,15 @@ class PostgresStore:
                            [scope.tenant_id, scope.user_id, session_id, list(message_ids)])
         return [records.message_from(r) for r in rows]
 
+    def get_user_messages(self, scope: Scope, message_ids: Sequence[str]) -> list[Message]:
+        """The user's messages with these ids, from any of their sessions (by session, then seq)."""
+        if not message_ids:
+            return []
+        rows = self._query(scope, f"SELECT {records.MESSAGE_COLS} FROM messages WHERE tenant_id = %s AND user_id = %s "
+                           "AND message_id = ANY(%s) ORDER BY session_id, seq",
+                           [scope.tenant_id, scope.user_id, list(message_ids)])
+        return [records.message_from(r) for r in rows]
+
     def list_user_messages(self, scope: Scope, roles: Sequence[int], newest: int | None = None) -> list[Message]:
         """Every message of the user with one of `roles` (only the `newest` ones when given), sessions in
         creation order, turns in order. Sub-sessions' messages are left out: a sub-agent's work reaches
