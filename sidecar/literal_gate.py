@@ -1,0 +1,101 @@
+"""A regex behind a cheap gate: the literals one of which every match must contain, read off the
+pattern itself, so `in` on the text (C speed) rules out most texts before the regex scans them.
+Python's re tries every alternative of a rule at every position of a text; the constraint
+detector's rules run on every sentence of every stored user turn.
+
+The gate never changes an answer: a text holding none of the literals cannot match. For an
+IGNORECASE pattern the text is lowered first; the only non-ASCII characters re matches to an ASCII
+letter without ignoring case (dotted and dotless i, long s, the Kelvin sign) are mapped to that
+letter, and a pattern with a cased non-ASCII literal gets no gate."""
+
+from __future__ import annotations
+
+import re
+import re._constants as _c  # sre's parse-tree opcodes
+import re._parser as _parser
+
+# Every non-ASCII character that an IGNORECASE pattern matches as an ASCII letter (tests check the
+# whole of Unicode), with the letter it matches.
+_TO_ASCII = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
+_ZERO_WIDTH = (_c.AT, _c.ASSERT, _c.ASSERT_NOT)
+_REPEATS = (_c.MAX_REPEAT, _c.MIN_REPEAT, _c.POSSESSIVE_REPEAT)
+
+
+class _NoGate(Exception):
+    pass
+
+
+def necessary_literals(rx: re.Pattern[str]) -> frozenset[str] | None:
+    """Strings one of which every match of `rx` contains (lowered for an IGNORECASE pattern), the
+    longest such set found; None when the pattern has none that can be read off it."""
+    icase = bool(rx.flags & re.IGNORECASE)
+    try:
+        return _needs(_parser.parse(rx.pattern, rx.flags), icase)
+    except _NoGate:
+        return None
+
+
+def _better(a: frozenset[str], b: frozenset[str] | None) -> bool:
+    """Rarer: a shortest literal longer, or as long and fewer of them."""
+    return b is None or (min(map(len, a)), -len(a)) > (min(map(len, b)), -len(b))
+
+
+def _literal(run: list[int], icase: bool) -> frozenset[str]:
+    text = "".join(map(chr, run))
+    if icase:
+        if any(not c.isascii() and c.lower() != c.upper() for c in text):
+            raise _NoGate  # a cased non-ASCII letter: its other cases are not all its lowercase
+        text = text.lower()
+    return frozenset({text})
+
+
+def _needs(items, icase: bool) -> frozenset[str] | None:
+    """What a sequence of parsed items needs: any one of its mandatory parts' needs."""
+    best: frozenset[str] | None = None
+    run: list[int] = []  # consecutive literal characters (zero-width items do not break a run)
+    for op, av in list(items) + [(None, None)]:
+        if op is _c.LITERAL:
+            run.append(av)
+            continue
+        if op in _ZERO_WIDTH:
+            continue
+        found: frozenset[str] | None = None
+        if run:
+            found = _literal(run, icase)
+            run = []
+        if found is not None and _better(found, best):
+            best = found
+        found = None
+        if op is _c.SUBPATTERN:
+            _, add_flags, del_flags, sub = av
+            if (add_flags | del_flags) & re.IGNORECASE:
+                raise _NoGate
+            found = _needs(sub, icase)
+        elif op is _c.BRANCH:
+            alternatives = [_needs(b, icase) for b in av[1]]
+            if all(a is not None for a in alternatives):
+                found = frozenset().union(*alternatives)  # type: ignore[arg-type]
+        elif op in _REPEATS and av[0] >= 1:
+            found = _needs(av[2], icase)
+        if found is not None and _better(found, best):
+            best = found
+    return best
+
+
+class GatedPattern:
+    """`rx` with its literal gate: search() answers as rx.search() does."""
+
+    def __init__(self, rx: re.Pattern[str]) -> None:
+        self.rx = rx
+        self.literals = necessary_literals(rx)
+        self._icase = bool(rx.flags & re.IGNORECASE)
+
+    def may_match(self, text: str) -> bool:
+        if self.literals is None:
+            return True
+        if self._icase:
+            text = text.lower() if text.isascii() else text.translate(_TO_ASCII).lower()
+        return any(lit in text for lit in self.literals)
+
+    def search(self, text: str) -> re.Match[str] | None:
+        return self.rx.search(text) if self.may_match(text) else None
