@@ -56,6 +56,8 @@ LME_TYPES = ("single-session-user", "single-session-assistant", "single-session-
 TENANT = "locomo"
 LME_TENANT = "longmemeval"
 QUICK_TURNS = 100  # --quick on LongMemEval: each haystack cut to about this many turns
+INGEST_MODES = {"turn": "CommitTurn per turn", "session": "CommitTurn per session",
+                "import": "ImportSessions of each user's history"}
 IMPORT_MESSAGES = 10_000  # ImportSessions takes this many messages per call (sidecar.services.limits)
 TURN_GAP_MS = 1000  # a session's turns one second apart: their timestamps keep their order
 METHODS = ("ours", "bm25", "recency")
@@ -846,7 +848,7 @@ def _by_budget(d: dict) -> list[tuple[str, dict]]:
 def run_notes(figures: dict) -> list[str]:
     """What a run cost and what else it saw, below either table."""
     lines = [f"Replay: {figures['ingested_turns']} turns in {figures['ingest_s']} s, "
-             f"{figures['ingest_turns_per_s']} turns/s (CommitTurn per {figures['commit']}, extraction jobs awaited); "
+             f"{figures['ingest_turns_per_s']} turns/s ({INGEST_MODES[figures['commit']]}, extraction jobs awaited); "
              f"BuildContext over gRPC p50 {figures['build_p50_ms']} ms, p99 {figures['build_p99_ms']} ms (all budgets); "
              "by budget: " + ", ".join(f"{int(b) // 1000}k p50 {v['p50_ms']} / p99 {v['p99_ms']} ms"
                                       for b, v in _by_budget(figures["build_ms_by_budget"])) + ".",
@@ -928,7 +930,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="2 budgets; LoCoMo's first 2 conversations, or one LongMemEval question per type, "
                              f"its haystack cut to about {QUICK_TURNS} turns")
-    parser.add_argument("--commit", choices=("turn", "session", "import"), default="turn",
+    parser.add_argument("--commit", choices=tuple(INGEST_MODES), default="turn",
                         help="replay with CommitTurn per turn or per session, or import whole histories "
                              "(ImportSessions)")
     parser.add_argument("--offline", metavar="CACHE_DIR",

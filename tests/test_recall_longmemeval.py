@@ -159,6 +159,20 @@ def test_turn_and_session_recall_beside_the_baselines(stub, tmp_path, monkeypatc
     assert (results / "recall-longmemeval-default.png").exists() == drawn
 
 
+def test_an_imported_replay_measures_what_a_committed_one_does(stub, tmp_path):
+    """--commit import (ImportSessions of each history) and --commit session give the same figures."""
+    runs = {}
+    for mode in ("session", "import"):
+        convs = recall.load_longmemeval(recall.read_data(write_gz(tmp_path / "lme.json.gz", TINY)))
+        for c in convs:
+            c.user = f"{c.user}-{mode}-{os.getpid()}"
+        figures = recall.evaluate(stub, convs, (2000, 4000), commit=mode, log=lambda *_: None)
+        runs[mode] = {k: figures[k] for k in ("recall", "session_recall", "ingested_turns", "memories_per_question")}
+        assert figures["commit"] == mode and recall.INGEST_MODES[mode] in "\n".join(recall.run_notes(
+            {**figures, "yardstick_ms": {"start": 1.0, "end": 1.0}}))
+    assert runs["import"] == runs["session"]
+
+
 def test_model_profile_without_the_extra_fails_clearly(monkeypatch):
     monkeypatch.setattr(recall, "model_installed", lambda: False)
     monkeypatch.setattr(sys, "argv", ["recall.py", "--dataset", "longmemeval", "--profile", "model", "--quick"])
