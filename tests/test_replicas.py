@@ -69,6 +69,28 @@ def test_write_on_one_read_on_the_other(spawn, pg_store):
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_an_import_on_one_is_recalled_by_the_other(spawn, pg_store):
+    a = spawn(db_name="a.duckdb", extra=["--store", pg_store])
+    b = spawn(db_name="b.duckdb", extra=["--store", pg_store])
+    s = pb.Scope(tenant_id="t", user_id="bob")
+    asking = b.stub.CreateSession(pb.CreateSessionRequest(scope=s, session_id="asking")).session_id
+    query = "which kiln did I buy for pottery?"
+
+    def b_recalls_the_kiln() -> bool:
+        c = b.stub.BuildContext(pb.BuildContextRequest(scope=s, session_id=asking, query=query,
+                                                       render=pb.RENDER_MODE_TEXT))
+        return "Skutt kiln" in c.rendered_text
+
+    assert not b_recalls_the_kiln()  # B has built bob's (empty) recall index
+    a.stub.ImportSessions(pb.ImportSessionsRequest(scope=s, sessions=[pb.ImportedSession(
+        session_id="past", closed=True, messages=[
+            pb.NewMessage(role=pb.ROLE_USER, text="I bought a Skutt kiln for my pottery studio.",
+                          client_timestamp_ms=1_700_000_000_000),
+            pb.NewMessage(role=pb.ROLE_ASSISTANT, text="Great choice for a home studio.",
+                          client_timestamp_ms=1_700_000_001_000)])]))
+    assert _until(b_recalls_the_kiln) < 5
+
+
 def test_kill9_one_replica_under_load_loses_nothing(spawn, pg_store):
     a = spawn(db_name="a.duckdb", extra=["--store", pg_store])
     b = spawn(db_name="b.duckdb", extra=["--store", pg_store])
