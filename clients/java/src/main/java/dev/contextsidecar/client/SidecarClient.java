@@ -462,6 +462,15 @@ public final class SidecarClient implements AutoCloseable {
     return call(ContextServiceGrpc.getCloseSessionMethod(), request);
   }
 
+  /**
+   * Imports past conversations (a user's history from another system): new sessions with their
+   * messages and dates, stored in one transaction (all or none), each session's after-turn work
+   * queued with it. A session_id that already exists answers ALREADY_EXISTS and nothing is stored.
+   */
+  public ImportSessionsResponse importSessions(ImportSessionsRequest request) {
+    return call(ContextServiceGrpc.getImportSessionsMethod(), request);
+  }
+
   // ---- Messages ------------------------------------------------------------------------------
   /**
    * Appends a batch of messages to a session atomically (all or none), each token-counted once.
