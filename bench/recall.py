@@ -83,6 +83,7 @@ class Question:
     category: int | str  # LoCoMo's category number, LongMemEval's question_type
     evidence: list[str]  # dia_ids of the evidence turns
     sessions: list[str] = field(default_factory=list)  # names of the evidence sessions (LongMemEval)
+    asked_at_ms: int = 0  # when it was asked (LongMemEval's question_date; 0: LoCoMo gives none)
 
 
 @dataclass(slots=True)
@@ -221,7 +222,8 @@ def load_longmemeval(data: list[dict]) -> list[Conversation]:
             conv.issues["question_without_evidence"].append(item["question_id"])
         else:
             conv.questions.append(Question(item["question"], item["question_type"], evidence,
-                                           [a for a in answers if a in names]))
+                                           [a for a in answers if a in names],
+                                           parse_date(item.get("question_date", "")) or 0))
         convs.append(conv)
     return convs
 
@@ -571,7 +573,8 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
         for q in conv.questions:
             ranked = bm25.ranked(q.text)
             for b in budgets:
-                req = pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, budget=budget_for(b, q.text))
+                req = pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, budget=budget_for(b, q.text),
+                                             asked_at_ms=q.asked_at_ms)
                 t = time.perf_counter()
                 resp = stub.BuildContext(req)
                 latencies[b].append(time.perf_counter() - t)
@@ -587,7 +590,7 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
                 board.add_update_order(q, b, scores)
         mid_budget = 4000 if 4000 in budgets else budgets[0]
         for q in conv.questions[:20]:
-            req = pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, debug=True,
+            req = pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, debug=True, asked_at_ms=q.asked_at_ms,
                                          budget=budget_for(mid_budget, q.text))
             for timing in stub.BuildContext(req).timings:
                 stages[timing.stage].append(timing.micros)
@@ -719,7 +722,8 @@ def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[st
                                 session_state=0, recent_messages=0, memories=b, rag_or_graph=0,
                                 tool_observations=0, flow_unused=True)
                 t = time.perf_counter()
-                result = app.builder.build(scope, BuildRequest(session_id="eval", query=q.text, budget=budget))
+                result = app.builder.build(scope, BuildRequest(session_id="eval", query=q.text, budget=budget,
+                                                               asked_at_ms=q.asked_at_ms))
                 spent.append(time.perf_counter() - t)
                 items = [it for section in result.packed for it in section.build_items()]
                 scores = evidence_scores(items, by_message)
@@ -818,8 +822,7 @@ def longmemeval_table(figures: dict, profile: str, budgets: Sequence[int]) -> li
     lines = [f"# LongMemEval evidence recall (development half), profile `{profile}`", "",
              f"{figures['questions']} questions (abstention questions left out), each asked by its own user whose "
              "haystack was replayed session by session in date order (the session dates as the messages' client "
-             "timestamps), in a new session of that user. BuildContext takes no time of asking: the questions "
-             "are asked at the server's clock. Baselines packed under the same budgets: a plain BM25 over the "
+             "timestamps), in a new session of that user, at the question's date (BuildContext's `asked_at_ms`). Baselines packed under the same budgets: a plain BM25 over the "
              "user's turns (k1 1.2, b 0.75) best first, and recency (newest turns first)."]
     methods = (("ours", f"ours ({profile})"), ("bm25", "BM25 over turns"), ("recency", "recency"))
     for level, title in (("turn", "Turn level: share of a question's evidence turns (`has_answer`) in the context, "

@@ -94,6 +94,8 @@ def build_request(request) -> BuildRequest:
         raise InvalidArgument("min_score must be a number")
     if request.render not in (pb.RENDER_MODE_UNSPECIFIED, pb.RENDER_MODE_TEXT, pb.RENDER_MODE_CHAT, *Provider):
         raise InvalidArgument(f"render must be a RenderMode (got {request.render})")
+    if request.asked_at_ms < 0:
+        raise InvalidArgument("asked_at_ms must not be negative")
     if request.layout not in (pb.LAYOUT_CACHE_AWARE, pb.LAYOUT_CLASSIC):
         raise InvalidArgument(f"layout must be a Layout (got {request.layout})")
     tools = [ToolSpec(t.name, t.description, t.schema_json) for t in request.tools]
@@ -107,7 +109,7 @@ def build_request(request) -> BuildRequest:
         query_embedding=np.asarray(request.query_embedding, np.float32) if request.query_embedding else None,
         debug=request.debug, min_score=request.min_score if request.min_score else float("-inf"),
         max_dropped=max(request.max_dropped, 0), cache_aware=request.layout == pb.LAYOUT_CACHE_AWARE,
-        tokenizer=request.tokenizer,
+        tokenizer=request.tokenizer, asked_at_ms=request.asked_at_ms,
     )
 
 

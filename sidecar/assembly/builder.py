@@ -103,6 +103,7 @@ class BuildRequest:
     max_dropped: int = 0
     cache_aware: bool = True  # proto Layout: LAYOUT_CACHE_AWARE, else LAYOUT_CLASSIC
     tokenizer: str = ""  # what counts this call's tokens (sidecar.tokens.COUNTERS; "": cl100k_base)
+    asked_at_ms: int = 0  # when the query was asked, for the dates it names relative to then (0: now)
 
 
 @dataclass(slots=True)
@@ -258,7 +259,8 @@ class ContextBuilder:
 
         inp = BuildInput(scope=scope, view=view, run_id=req.run_id, query=req.query,
                          query_terms=frozenset(query_terms(req.query)), query_embedding=req.query_embedding, roles=req.roles,
-                         budget=budget, now_ms=now_ms(), cache_aware=req.cache_aware, counter=counter)
+                         budget=budget, now_ms=now_ms(), cache_aware=req.cache_aware, counter=counter,
+                         asked_at_ms=req.asked_at_ms)
         if self.query_embedder is not None and inp.query:
             self._embed_query_texts(self.query_embedder, inp)
         batches = [b for src in self.sources for b in src.candidates(inp)]

@@ -48,9 +48,10 @@ def capitalised(text: str) -> tuple[str, ...]:
 class Priors:
     """The ranker's multipliers, as methods of _UserIndex (index.py)."""
 
-    def _query_prior(self, query: str, r: Ranking) -> np.ndarray:
+    def _query_prior(self, query: str, r: Ranking, relative: tuple[tuple[int, int], ...] = ()) -> np.ndarray:
         """Each turn's multiplier from what the query names: a speaker (or, naming nobody, the role it
-        asks about), a month or year (the session's), a day (the turn told on or soon after it)."""
+        asks about), a month or year (the session's), a day (the turn told on or soon after it), or
+        `relative` spans of days (relative_dates: "two weeks ago", resolved against the time of asking)."""
         n = len(self.ids)
         words = {w.split("'")[0] for w in _WORD_RE.findall(query.lower())}  # "melanie's" names melanie
         named = [sid for name, sid in self.speakers.items() if name in words or name.split(" ")[0] in words]
@@ -81,6 +82,12 @@ class Priors:
                 lo = d.toordinal() - _EPOCH
                 near |= (when >= lo - r.day_before) & (when <= lo + r.day_after)
             mult *= np.where(near, 1.0 + r.day_boost, 1.0)
+        if relative and r.relative_boost:
+            when = self.timestamps[:n] // 86_400_000
+            near = np.zeros(n, bool)
+            for first, last in relative:
+                near |= (when >= first - r.day_before) & (when <= last + r.day_after)
+            mult *= np.where(near, 1.0 + r.relative_boost, 1.0)
         return mult
 
     def _turn_prior(self, r: Ranking) -> np.ndarray:

@@ -60,8 +60,10 @@ class Fusion:
         kept = _query_terms(query, r.stem, frozenset(names) if r.drop_names else frozenset(), r.question_stopwords)
         return list(kept), names
 
-    def rank(self, query: str, qvec: np.ndarray | None, exclude_session: str, r: Ranking) -> np.ndarray:
-        """Fused score per row (-inf for rows of the excluded session)."""
+    def rank(self, query: str, qvec: np.ndarray | None, exclude_session: str, r: Ranking,
+             relative: tuple[tuple[int, int], ...] = ()) -> np.ndarray:
+        """Fused score per row (-inf for rows of the excluded session); `relative`: the query's
+        relative dates as spans of days (relative_dates.relative_spans)."""
         n = len(self.ids)
         w = self.window
         decay = _decay(r.prev_decay, r.next_decay, r.neighbours, w)
@@ -105,7 +107,7 @@ class Fusion:
             if dtop > 0:
                 score = (1.0 - share) * score + share * dense / dtop
         score = score.astype(np.float64)
-        mult = self._query_prior(query, r)
+        mult = self._query_prior(query, r, relative)
         if exclude_session and exclude_session in self.session_rows:
             mult[self.session_rows[exclude_session]] = 0.0
         for extra, weight in ((wider_win, r.concept_weight), (assoc_win, r.assoc_weight), (similar_win, r.similar_weight)):

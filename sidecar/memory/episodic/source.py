@@ -23,14 +23,16 @@ from sidecar.assembly.candidates import (
     SoftCategory,
     client_vector_of,
 )
+from sidecar.clock import now_ms
 from sidecar.domain import Category, Message, Role, Scope
 from sidecar.index.embedders import Embedder
 from sidecar.index.word_vectors import StaticEmbedder
 from sidecar.memory.episodic.cache import _RankedCache
-from sidecar.memory.episodic.dates import date_label
+from sidecar.memory.episodic.dates import date_label, query_days
 from sidecar.memory.episodic.expansion import CONCEPTS, _stem_vectors, concept_rows, precompute_similar
 from sidecar.memory.episodic.index import INDEXED_ROLES, _pick, _UserIndex
 from sidecar.memory.episodic.ranking import DEFAULT_RANKING, MODEL_RANKING, Ranking, _index_knobs
+from sidecar.memory.episodic.relative_dates import relative_spans
 from sidecar.memory.episodic.scoring import _best_first
 from sidecar.memory.episodic.snapshots import (
     CLEAN_MARK,
@@ -320,14 +322,18 @@ class EpisodicSource:
 
     # ------------------------------------------------------------------ hot path
     def search(self, scope: Scope, query: str, exclude_session: str, budget_tokens: int,
-               query_embedding: np.ndarray | None = None) -> tuple[_UserIndex, np.ndarray, np.ndarray]:
-        """(index, rows best first, their relevance in (0, 1]) worth about budget * candidate_factor tokens."""
+               query_embedding: np.ndarray | None = None,
+               asked_at_ms: int = 0) -> tuple[_UserIndex, np.ndarray, np.ndarray]:
+        """(index, rows best first, their relevance in (0, 1]) worth about budget * candidate_factor
+        tokens; `asked_at_ms` (0: now) is when the query was asked, for the dates it names relative to
+        then ("two weeks ago")."""
         r = self.ranking
         given = self._given(query_embedding)
         key = (scope.tenant_id, scope.user_id)
+        relative = relative_spans(query, asked_at_ms or now_ms()) if r.relative_boost else ()
         # The same question again (an agent's tool loop rebuilds the context for one user message; a
         # caller tries another budget) over the same turns ranks them alike: its ranking is kept.
-        memo = (query, exclude_session, r, query_embedding.tobytes() if given else None)
+        memo = (query, exclude_session, r, query_embedding.tobytes() if given else None, relative)
         known = self._users.get(key)  # a peek without the lock, only to skip embedding for a kept ranking
         # The query vector (a model's: ~13 ms on one core) is taken outside the lock, so concurrent
         # calls for other users do not queue behind it; a model embedder keeps recent texts, so what the
@@ -352,7 +358,7 @@ class EpisodicSource:
                     qvec = query_embedding
                 elif qvec is None:  # a user's first call: loading the index costs far more
                     qvec = self.embedder.embed([_dense_query(query, state, r)])[0]
-                ranked = _best_first(state.without_hidden(state.rank(query, qvec, exclude_session, r)),
+                ranked = _best_first(state.without_hidden(state.rank(query, qvec, exclude_session, r, relative)),
                                      r.max_candidates)
                 self._ranked.put(state, memo, ranked)
         order, best = ranked
@@ -394,7 +400,7 @@ class EpisodicSource:
         if not self._searches(inp):
             return [batch]
         state, rows, relevance = self.search(inp.scope, inp.query, inp.view.session.session_id, budget,
-                                             inp.query_embedding)
+                                             inp.query_embedding, inp.asked_at_ms)
         if not len(rows):
             return [batch]
         row_list = rows.tolist()
@@ -416,7 +422,7 @@ class EpisodicSource:
         headers: list[ItemMeta] = self._day_headers(state, batch, rows) if not state.dated else []
         batch.priority = np.zeros(len(batch.texts))
         batch.meta = partial(_turn_meta, state, row_list, headers, batch.order)
-        if self.ranking.update_min > 0:
+        if self.ranking.update_min > 0 and not _names_a_time(inp.query, inp.asked_at_ms):
             batch.rescore = partial(_newer_first, state, inp.query, rows, len(headers), self.ranking, self._lock)
         if not inp.counter.stored:  # another tokenizer: every item (turn, marked turn, day) is a line counted in it
             batch.tokens = np.array([inp.counter.line(t) for t in batch.texts], np.int32)
@@ -471,6 +477,12 @@ def _mark_superseded(state: _UserIndex, batch: CandidateBatch, rows: list[int],
         bodies[j] = fastpath.encode_item(state.sources[row], Category.MEMORIES, int(toks[j]), texts[j],
                                          int(state.roles[row]), int(state.timestamps[row]), (state.ids[row],))
     batch.relevance, batch.texts, batch.bodies, batch.tokens = relevance, texts, bodies, toks
+
+
+def _names_a_time(query: str, asked_at_ms: int) -> bool:
+    """Whether the query names a day, or a time relative to its asking: it asks about then, so the
+    newest telling of a thing is not the one it wants first (_newer_first)."""
+    return bool(query_days(query) or relative_spans(query, asked_at_ms or now_ms()))
 
 
 def _newer_first(state: _UserIndex, query: str, rows: np.ndarray, headers: int, r: Ranking, lock: threading.Lock,

@@ -1,0 +1,94 @@
+"""Relative dates in a query ("two weeks ago", "last Saturday", "in the past three months"), resolved
+against the time of asking into spans of days, so the turns told then can be found as the days a
+query names are (priors.py). English only; a duration asked for ("how many days ago did I...")
+names no date."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+_NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+            "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "a couple of": 2, "couple of": 2,
+            "a few": 3, "few": 3, "several": 4}
+_NUMBER = r"(?P<n>\d{1,3}|" + "|".join(sorted(map(re.escape, _NUMBERS), key=len, reverse=True)) + r")"
+_UNIT_DAYS = {"day": 1, "week": 7, "month": 30, "year": 365}
+_UNIT = r"(?P<unit>day|week|month|year)s?"
+_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+
+# Years back name no time a turn was told ("a hobby I started years ago" is told any day): days,
+# weeks and months only.
+_AGO_RE = re.compile(rf"\b{_NUMBER}\s+(?P<unit>day|week|month)s?\s+ago\b", re.I)
+# "the past month", "the last two weeks" (up to today); "last month" alone is the calendar month (_LAST_RE).
+_WITHIN_RE = re.compile(rf"\b(?:in\s+)?(?:the\s+)?(?P<word>past|last)\s+(?:{_NUMBER}\s+)?{_UNIT}\b", re.I)
+_LAST_RE = re.compile(r"\b(?:last|(?:this\s+)?past|previous)\s+(?P<what>weekend|week|month|night|"
+                      + "|".join(_WEEKDAYS) + r")\b", re.I)
+_THIS_RE = re.compile(r"\bthis\s+(?P<what>week|month|year)\b", re.I)
+_DAY_RE = re.compile(r"\b(?P<what>the\s+day\s+before\s+yesterday|yesterday|today|this\s+morning|tonight)\b", re.I)
+# Every pattern above needs one of these words: most queries skip them all.
+_HINT_RE = re.compile(r"\b(?:ago|past|last|previous|this|yesterday|today|morning|tonight)\b", re.I)
+
+
+def relative_spans(query: str, asked_at_ms: int) -> tuple[tuple[int, int], ...]:
+    """(first, last) days since the epoch (UTC) of each time the query names relative to the time of
+    asking, in the order found."""
+    if not _HINT_RE.search(query):
+        return ()
+    today = dt.datetime.fromtimestamp(asked_at_ms / 1000, dt.UTC).date()
+    spans: list[tuple[dt.date, dt.date]] = []
+    taken: list[tuple[int, int]] = []  # character spans already read (the longest reading wins)
+
+    def add(m: re.Match[str], first: dt.date, last: dt.date) -> None:
+        if any(a < m.end() and m.start() < b for a, b in taken):
+            return
+        taken.append(m.span())
+        spans.append((min(first, today), min(last, today)))
+
+    for m in _AGO_RE.finditer(query):
+        n, unit = _count(m.group("n")), _UNIT_DAYS[m.group("unit").lower()]
+        back = n * unit
+        slack = max(1, back // 7) if unit > 1 else n // 3  # "two weeks ago" is told loosely, "2 days ago" is not
+        centre = today - dt.timedelta(days=back)
+        add(m, centre - dt.timedelta(days=slack), centre + dt.timedelta(days=slack))
+    for m in _WITHIN_RE.finditer(query):
+        if not m.group("n") and m.group("word").lower() == "last":
+            continue
+        n = _count(m.group("n")) if m.group("n") else 1
+        add(m, today - dt.timedelta(days=n * _UNIT_DAYS[m.group("unit").lower()]), today)
+    for m in _LAST_RE.finditer(query):
+        first, last = _last(m.group("what").lower(), today)
+        add(m, first, last)
+    for m in _THIS_RE.finditer(query):
+        what = m.group("what").lower()
+        start = {"week": today - dt.timedelta(days=today.weekday()), "month": today.replace(day=1),
+                 "year": today.replace(month=1, day=1)}[what]
+        add(m, start, today)
+    for m in _DAY_RE.finditer(query):
+        what = " ".join(m.group("what").lower().split())
+        back = 2 if what.endswith("before yesterday") else 1 if what == "yesterday" else 0
+        add(m, today - dt.timedelta(days=back), today - dt.timedelta(days=back))
+    epoch = dt.date(1970, 1, 1)
+    return tuple(((a - epoch).days, (b - epoch).days) for a, b in spans)
+
+
+def _count(word: str) -> int:
+    word = " ".join(word.lower().split())
+    return int(word) if word.isdigit() else _NUMBERS[word]
+
+
+def _last(what: str, today: dt.date) -> tuple[dt.date, dt.date]:
+    """The span "last <what>" names: the calendar week, weekend or month before this one, the
+    weekday's latest day before today, or last night."""
+    monday = today - dt.timedelta(days=today.weekday())
+    if what == "week":
+        return monday - dt.timedelta(days=7), monday - dt.timedelta(days=1)
+    if what == "weekend":
+        return monday - dt.timedelta(days=2), monday - dt.timedelta(days=1)
+    if what == "month":
+        last = today.replace(day=1) - dt.timedelta(days=1)
+        return last.replace(day=1), last
+    if what == "night":
+        return today - dt.timedelta(days=1), today - dt.timedelta(days=1)
+    back = (today.weekday() - _WEEKDAYS.index(what)) % 7 or 7
+    day = today - dt.timedelta(days=back)
+    return day, day

@@ -1,0 +1,105 @@
+"""Relative dates (issue #32, temporal questions): "two weeks ago", "last Saturday", "in the past
+month" resolved against the time of asking into spans of days; the turns told then rank first, over
+gRPC with BuildContext's asked_at_ms; a duration asked for names no date."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import grpc
+import pytest
+
+from sidecar.api import context_service_pb2 as pb
+from sidecar.memory.episodic import DEFAULT_RANKING
+from sidecar.memory.episodic.relative_dates import relative_spans
+from tests.grpc_assert import expect_status
+from tests.test_episodic import DAY_MS, _index
+
+TUESDAY = dt.datetime(2023, 5, 30, 20, 0, tzinfo=dt.UTC)  # asked on Tuesday 30 May 2023
+ASKED_MS = int(TUESDAY.timestamp() * 1000)
+
+
+def _dates(query: str, asked_ms: int = ASKED_MS) -> list[tuple[str, str]]:
+    epoch = dt.date(1970, 1, 1)
+    return [(str(epoch + dt.timedelta(a)), str(epoch + dt.timedelta(b))) for a, b in relative_spans(query, asked_ms)]
+
+
+@pytest.mark.parametrize(("query", "spans"), [
+    ("What did I cook two weeks ago?", [("2023-05-14", "2023-05-18")]),
+    ("I mentioned cooking something a couple of days ago", [("2023-05-28", "2023-05-28")]),
+    ("What did I buy 10 days ago?", [("2023-05-17", "2023-05-23")]),
+    ("a month ago", [("2023-04-26", "2023-05-04")]),
+    ("Who came with me last Saturday?", [("2023-05-27", "2023-05-27")]),
+    ("What game did I beat last weekend?", [("2023-05-27", "2023-05-28")]),
+    ("How much did I run last week?", [("2023-05-22", "2023-05-28")]),
+    ("What did I finish last month?", [("2023-04-01", "2023-04-30")]),
+    ("Where did I travel last year?", []),  # years back: told any time
+    ("What hobby did I start a few years ago?", []),
+    ("How many times did I bake in the past two weeks?", [("2023-05-16", "2023-05-30")]),
+    ("How much did I spend in the last four months?", [("2023-01-30", "2023-05-30")]),
+    ("How many weddings have I attended this year?", [("2023-01-01", "2023-05-30")]),
+    ("What did I eat yesterday?", [("2023-05-29", "2023-05-29")]),
+    ("the day before yesterday", [("2023-05-28", "2023-05-28")]),
+    ("two weeks ago, and last Saturday", [("2023-05-14", "2023-05-18"), ("2023-05-27", "2023-05-27")]),
+    # A duration asked for, a plan, a vague time: no date.
+    ("How many days ago did I attend the service?", []),
+    ("Any ideas for this weekend?", []),
+    ("What have I been reading recently?", []),
+    ("What was my previous occupation?", []),
+    ("Who won the last game?", []),
+])
+def test_relative_dates_resolve_against_the_time_of_asking(query, spans):
+    assert _dates(query) == spans
+
+
+def test_a_span_never_runs_past_the_time_of_asking():
+    sunday = int(dt.datetime(2023, 5, 28, 9, 0, tzinfo=dt.UTC).timestamp() * 1000)
+    assert _dates("What did I do this week?", sunday) == [("2023-05-22", "2023-05-28")]
+    assert _dates("last Sunday", sunday) == [("2023-05-21", "2023-05-21")]  # today is not "last" Sunday
+
+
+def test_turns_told_then_rank_first():
+    asked_day = ASKED_MS // DAY_MS
+    same = [("Ann", "I cooked a big pot of chili for my friends."), ("Bob", "Sounds great.")]
+    state = _index([((asked_day - 60) * DAY_MS, same), ((asked_day - 15) * DAY_MS, same),
+                    ((asked_day - 3) * DAY_MS, same)])
+    query = "What did I cook two weeks ago?"
+    score = state.rank(query, None, "", DEFAULT_RANKING, relative_spans(query, ASKED_MS))
+    assert score[2] > score[0] and score[2] > score[4]
+    assert score[2] / score[0] == pytest.approx(1.0 + DEFAULT_RANKING.relative_boost)
+    flat = state.rank(query, None, "", DEFAULT_RANKING)  # no time of asking given to the index: no prior
+    assert flat[2] == pytest.approx(flat[0])
+
+
+def test_build_context_reads_relative_dates_from_asked_at(stub, scope):
+    asked_day = ASKED_MS // DAY_MS
+
+    def told(days_ago: int, text: str) -> pb.ImportedSession:
+        at = (asked_day - days_ago) * DAY_MS + 3_600_000
+        return pb.ImportedSession(session_id=f"d{days_ago}", closed=True, messages=[
+            pb.NewMessage(role=pb.ROLE_USER, text=text, client_timestamp_ms=at),
+            pb.NewMessage(role=pb.ROLE_ASSISTANT, text="Nice, enjoy it!", client_timestamp_ms=at + 1000)])
+
+    stub.ImportSessions(pb.ImportSessionsRequest(scope=scope, sessions=[
+        told(60, "I bought a new kettle for the kitchen."),
+        told(30, "I bought a new toaster for the kitchen."),
+        told(10, "I bought a new blender for the kitchen.")]))
+
+    def first_recalled(query: str, asked_at_ms: int) -> str:
+        asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id  # a question a session
+        budget = pb.Budget(max_input=200, reserved_for_output=0, system_and_tools=0, session_state=0,
+                           recent_messages=0, memories=60, rag_or_graph=0, tool_observations=0, flow_unused=True)
+        resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking, query=query, budget=budget,
+                                                        asked_at_ms=asked_at_ms))
+        turns = [it for s in resp.sections for it in s.items if it.source.startswith("message:")]
+        return max(turns, key=lambda it: it.score).text
+
+    assert "blender" in first_recalled("What did I buy for the kitchen 10 days ago?", ASKED_MS)
+    assert "kettle" in first_recalled("What did I buy for the kitchen two months ago?", ASKED_MS)
+    assert "toaster" in first_recalled("What did I buy for the kitchen a month ago?", ASKED_MS)
+    # Asked today (the server's clock), those weeks are long past: no turn is near them.
+    assert "blender" in first_recalled("What did I buy for the kitchen?", ASKED_MS)  # the newest telling
+    asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    expect_status(lambda: stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking, query="x",
+                                                                   asked_at_ms=-1)),
+                  grpc.StatusCode.INVALID_ARGUMENT, "asked_at_ms")
