@@ -36,7 +36,7 @@ class Ranking:
     day_boost: float = 1.0  # turns of a session near a day the query names
     day_before: int = 0  # days before the named day that count as near it
     day_after: int = 7  # days after the named day that count as near it (events are told later)
-    relative_boost: float = 1.0  # turns near a day the query names relative to the time of asking ("two weeks ago")
+    relative_boost: float = 0.5  # turns near a day the query names relative to the time of asking ("two weeks ago")
     # Index building.
     stem: bool = True  # stem terms (terms.stem); off: the words as written
     date_headers: bool = True  # one "[8 May 2023]" item per day instead of the date on every turn
