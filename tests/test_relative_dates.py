@@ -97,9 +97,27 @@ def test_build_context_reads_relative_dates_from_asked_at(stub, scope):
     assert "blender" in first_recalled("What did I buy for the kitchen 10 days ago?", ASKED_MS)
     assert "kettle" in first_recalled("What did I buy for the kitchen two months ago?", ASKED_MS)
     assert "toaster" in first_recalled("What did I buy for the kitchen a month ago?", ASKED_MS)
-    # Asked today (the server's clock), those weeks are long past: no turn is near them.
-    assert "blender" in first_recalled("What did I buy for the kitchen?", ASKED_MS)  # the newest telling
+    assert "blender" in first_recalled("What did I buy for the kitchen?", ASKED_MS)  # no time named: the newest
+
+
+@pytest.mark.parametrize("at", [-1, 253_402_300_800_000, 2**62])
+def test_a_time_past_the_calendar_is_refused_naming_its_field_and_recall_keeps_working(stub, scope, at):
+    """A timestamp past 9999-12-31 is no date: stored, it would break every later recall of the user."""
+    sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id=sid, messages=[
+        pb.NewMessage(role=pb.ROLE_USER, text="I like oolong tea.", client_timestamp_ms=ASKED_MS)]))
+    bad = [pb.NewMessage(role=pb.ROLE_USER, text="ok"), pb.NewMessage(role=pb.ROLE_USER, text="x", client_timestamp_ms=at)]
+    expect_status(lambda: stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id=sid, messages=bad)),
+                  grpc.StatusCode.INVALID_ARGUMENT, "messages[1].client_timestamp_ms")
+    expect_status(lambda: stub.ImportSessions(pb.ImportSessionsRequest(scope=scope, sessions=[
+        pb.ImportedSession(session_id="past", messages=bad)])), grpc.StatusCode.INVALID_ARGUMENT,
+        "sessions[0].messages[1].client_timestamp_ms")
     asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
-    expect_status(lambda: stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking, query="x",
-                                                                   asked_at_ms=-1)),
+    expect_status(lambda: stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking, query="tea",
+                                                                   asked_at_ms=at)),
                   grpc.StatusCode.INVALID_ARGUMENT, "asked_at_ms")
+    last = 253_402_300_799_999  # the calendar's last millisecond is a date
+    resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking, query="what tea two weeks ago?",
+                                                    asked_at_ms=last, render=pb.RENDER_MODE_TEXT))
+    assert "oolong" in resp.rendered_text
+    assert len(stub.ListMessages(pb.ListMessagesRequest(scope=scope, session_id=sid, newest=10)).messages) == 1

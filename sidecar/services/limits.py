@@ -13,6 +13,8 @@ MAX_LIST_NEWEST = 10_000
 MAX_PAGE_SIZE = 500
 # A session holding this many messages takes no more (start a new session; the summary carries on).
 MAX_SESSION_MESSAGES = 100_000
+# The last millisecond of 9999-12-31 (UTC): a later time is no calendar date.
+MAX_TIMESTAMP_MS = 253_402_300_799_999
 # ImportSessions: sessions and messages in one call (one transaction).
 MAX_IMPORT_SESSIONS = 1000
 MAX_IMPORT_MESSAGES = 10_000

@@ -139,8 +139,9 @@ def check_messages(messages: Sequence[NewMessage], field: str = "messages") -> N
         check_text(m.speaker, f"{at}.speaker", 256)
         check_id(m.tool_call_id, f"{at}.tool_call_id", required=False)
         check_id(m.idempotency_key, f"{at}.idempotency_key", required=False)
-        if m.client_timestamp_ms < 0:
-            raise InvalidArgument(f"{at}.client_timestamp_ms must not be negative")
+        if not 0 <= m.client_timestamp_ms <= limits.MAX_TIMESTAMP_MS:
+            raise InvalidArgument(f"{at}.client_timestamp_ms must be between 0 and {limits.MAX_TIMESTAMP_MS} "
+                                  f"(9999-12-31), got {m.client_timestamp_ms}")
         if m.tool_calls:
             check_tool_calls(m, at)
 
