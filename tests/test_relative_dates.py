@@ -121,3 +121,19 @@ def test_a_time_past_the_calendar_is_refused_naming_its_field_and_recall_keeps_w
                                                     asked_at_ms=last, render=pb.RENDER_MODE_TEXT))
     assert "oolong" in resp.rendered_text
     assert len(stub.ListMessages(pb.ListMessagesRequest(scope=scope, session_id=sid, newest=10)).messages) == 1
+
+
+def test_a_row_stored_past_the_calendar_does_not_break_recall(fresh_server):
+    """A row an older version stored with such a timestamp (written here straight into the store)."""
+    from sidecar.domain import NewMessage, Role, Scope
+
+    stub, app = fresh_server.stub, fresh_server.app
+    scope = pb.Scope(tenant_id="t", user_id="old-rows")
+    sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    app.store.backend.append_messages(Scope("t", "old-rows"), sid, [
+        NewMessage(Role.USER, "I like oolong tea.", client_timestamp_ms=2**62)], [(6, 8)], ASKED_MS)
+    app.episodic.drop_user(Scope("t", "old-rows"))  # rebuilt from rows on the next question
+    asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking, query="which tea do I like?",
+                                                    render=pb.RENDER_MODE_TEXT))
+    assert "oolong" in resp.rendered_text and "9999" in resp.rendered_text

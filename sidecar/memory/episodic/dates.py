@@ -9,6 +9,7 @@ import re
 
 import fastpath
 from sidecar.domain import Category, Role, render_message_line
+from sidecar.services.limits import MAX_TIMESTAMP_MS
 from sidecar.tokens import count_line
 
 _MONTHS = {m.lower(): i for i, m in enumerate(
@@ -63,14 +64,20 @@ def query_days(query: str) -> set[dt.date]:
     return out
 
 
+def utc_day(timestamp_ms: int) -> dt.datetime:
+    """A stored timestamp's UTC time, held to the calendar: rows written before ingest bounded
+    client timestamps must not break a user's recall."""
+    return dt.datetime.fromtimestamp(min(max(timestamp_ms, 0), MAX_TIMESTAMP_MS) / 1000, dt.UTC)
+
+
 def date_label(timestamp_ms: int) -> str:
-    day = dt.datetime.fromtimestamp(timestamp_ms / 1000, dt.UTC)
+    day = utc_day(timestamp_ms)
     return f"[{day.day} {day.strftime('%B')} {day.year}]"
 
 
 def day_number(timestamp_ms: int) -> int:
     """yyyymmdd (UTC) of a timestamp."""
-    day = dt.datetime.fromtimestamp(timestamp_ms / 1000, dt.UTC)
+    day = utc_day(timestamp_ms)
     return day.year * 10000 + day.month * 100 + day.day
 
 

@@ -5,7 +5,6 @@ QueryExpansion (expansion.py), Priors (priors.py) and Fusion (scoring.py)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
 import mmap
 from collections.abc import Sequence
@@ -20,7 +19,7 @@ from sidecar.domain import Category, Message, Role
 from sidecar.index.embedders import Embedder
 from sidecar.index.int8 import quantize_rows
 from sidecar.memory.episodic.columns import StrColumn, StrLookup
-from sidecar.memory.episodic.dates import _day_item, day_number, render_turn
+from sidecar.memory.episodic.dates import _day_item, day_number, render_turn, utc_day
 from sidecar.memory.episodic.expansion import QueryExpansion
 from sidecar.memory.episodic.lexical import WindowScoring, _decay
 from sidecar.memory.episodic.priors import Priors, capitalised, voice
@@ -174,7 +173,7 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
             if rows is None:
                 rows = self.session_rows[m.session_id] = []
                 session_ids[m.session_id] = len(session_ids)
-                day = dt.datetime.fromtimestamp(m.timestamp_ms / 1000, dt.UTC)
+                day = utc_day(m.timestamp_ms)
                 self.year_month[row] = day.year * 100 + day.month
             else:
                 self.year_month[row] = self.year_month[rows[0]]
