@@ -24,7 +24,7 @@ from sidecar.domain import (
     enum_value,
 )
 from sidecar.errors import InvalidArgument
-from sidecar.services import limits
+from sidecar.ids import check_timestamp
 from sidecar.services.pinned import ShownPin
 
 
@@ -95,9 +95,7 @@ def build_request(request) -> BuildRequest:
         raise InvalidArgument("min_score must be a number")
     if request.render not in (pb.RENDER_MODE_UNSPECIFIED, pb.RENDER_MODE_TEXT, pb.RENDER_MODE_CHAT, *Provider):
         raise InvalidArgument(f"render must be a RenderMode (got {request.render})")
-    if not 0 <= request.asked_at_ms <= limits.MAX_TIMESTAMP_MS:
-        raise InvalidArgument(f"asked_at_ms must be between 0 and {limits.MAX_TIMESTAMP_MS} (9999-12-31), "
-                              f"got {request.asked_at_ms}")
+    check_timestamp(request.asked_at_ms, "asked_at_ms")
     if request.layout not in (pb.LAYOUT_CACHE_AWARE, pb.LAYOUT_CLASSIC):
         raise InvalidArgument(f"layout must be a Layout (got {request.layout})")
     tools = [ToolSpec(t.name, t.description, t.schema_json) for t in request.tools]

@@ -7,6 +7,7 @@ import re
 import time
 
 from sidecar.errors import InvalidArgument
+from sidecar.services.limits import MAX_TIMESTAMP_MS
 
 MAX_ID_LEN = 128
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
@@ -35,4 +36,11 @@ def check_text(value: str, field: str, limit_bytes: int, *, required: bool = Fal
     size = len(value.encode("utf-8", "surrogatepass")) if len(value) * 4 > limit_bytes else len(value)
     if size > limit_bytes:
         raise InvalidArgument(f"{field} is {size} bytes; the limit is {limit_bytes} bytes")
+    return value
+
+
+def check_timestamp(value: int, field: str) -> int:
+    """Epoch milliseconds that are a calendar date (1970-01-01 to 9999-12-31, UTC)."""
+    if not 0 <= value <= MAX_TIMESTAMP_MS:
+        raise InvalidArgument(f"{field} must be between 0 and {MAX_TIMESTAMP_MS} (9999-12-31), got {value}")
     return value

@@ -11,7 +11,7 @@ from sidecar.clock import now_ms
 from sidecar.compress.constraints import detect_constraints
 from sidecar.domain import Message, NewMessage, Role, Scope, Session, SessionStatus, render_message_line
 from sidecar.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from sidecar.ids import check_id, check_text, new_id
+from sidecar.ids import check_id, check_text, check_timestamp, new_id
 from sidecar.secrets import Masked, mask
 from sidecar.services import limits
 from sidecar.store.cache import CachingStore, SessionView
@@ -139,9 +139,7 @@ def check_messages(messages: Sequence[NewMessage], field: str = "messages") -> N
         check_text(m.speaker, f"{at}.speaker", 256)
         check_id(m.tool_call_id, f"{at}.tool_call_id", required=False)
         check_id(m.idempotency_key, f"{at}.idempotency_key", required=False)
-        if not 0 <= m.client_timestamp_ms <= limits.MAX_TIMESTAMP_MS:
-            raise InvalidArgument(f"{at}.client_timestamp_ms must be between 0 and {limits.MAX_TIMESTAMP_MS} "
-                                  f"(9999-12-31), got {m.client_timestamp_ms}")
+        check_timestamp(m.client_timestamp_ms, f"{at}.client_timestamp_ms")
         if m.tool_calls:
             check_tool_calls(m, at)
 
