@@ -257,10 +257,11 @@ class ContextBuilder:
                 + _pinned_hint(dict(hard)[Section.PINNED_CONSTRAINTS]))
         clock.lap("hard_zone")
 
+        now = now_ms()
         inp = BuildInput(scope=scope, view=view, run_id=req.run_id, query=req.query,
                          query_terms=frozenset(query_terms(req.query)), query_embedding=req.query_embedding, roles=req.roles,
-                         budget=budget, now_ms=now_ms(), cache_aware=req.cache_aware, counter=counter,
-                         asked_at_ms=req.asked_at_ms)
+                         budget=budget, now_ms=now, cache_aware=req.cache_aware, counter=counter,
+                         asked_at_ms=req.asked_at_ms or now)
         if self.query_embedder is not None and inp.query:
             self._embed_query_texts(self.query_embedder, inp)
         batches = [b for src in self.sources for b in src.candidates(inp)]

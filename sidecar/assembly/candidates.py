@@ -75,7 +75,7 @@ class BuildInput:
     # What counts every candidate's tokens (BuildContextRequest.tokenizer). Rows store cl100k counts; with any
     # other counter a source counts its texts through it (cached per text) and leaves `bodies` to the builder.
     counter: TokenCounter = CL100K
-    asked_at_ms: int = 0  # when the query was asked (BuildContextRequest.asked_at_ms; 0: now)
+    asked_at_ms: int = 0  # when the query was asked (BuildContextRequest.asked_at_ms, else now_ms)
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ mixed into _UserIndex (index.py)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -73,22 +74,21 @@ class Priors:
                 hit = (ym % 100 == month) & ((ym // 100 == year) if year else True)
                 boost = np.maximum(boost, r.date_boost * hit)
             mult *= 1.0 + boost
-        days = named_days if r.day_boost else ()
-        if days:
-            # A day's events are told that day or in the days after ("yesterday", "last week").
-            when = self.timestamps[:n] // 86_400_000
-            near = np.zeros(n, bool)
-            for d in days:
-                lo = d.toordinal() - _EPOCH
-                near |= (when >= lo - r.day_before) & (when <= lo + r.day_after)
-            mult *= np.where(near, 1.0 + r.day_boost, 1.0)
+        if named_days and r.day_boost:
+            days = [(k, k) for k in (d.toordinal() - _EPOCH for d in named_days)]  # each a span of one day
+            mult *= np.where(self._told_near(days, r), 1.0 + r.day_boost, 1.0)
         if relative and r.relative_boost:
-            when = self.timestamps[:n] // 86_400_000
-            near = np.zeros(n, bool)
-            for first, last in relative:
-                near |= (when >= first - r.day_before) & (when <= last + r.day_after)
-            mult *= np.where(near, 1.0 + r.relative_boost, 1.0)
+            mult *= np.where(self._told_near(relative, r), 1.0 + r.relative_boost, 1.0)
         return mult
+
+    def _told_near(self, spans: Iterable[tuple[int, int]], r: Ranking) -> np.ndarray:
+        """Per turn, whether it was told in one of these (first, last) spans of days since the epoch or
+        soon after: a day's events are told that day or in the days after ("yesterday", "last week")."""
+        when = self.timestamps[:len(self.ids)] // 86_400_000
+        near = np.zeros(len(when), bool)
+        for first, last in spans:
+            near |= (when >= first - r.day_before) & (when <= last + r.day_after)
+        return near
 
     def _turn_prior(self, r: Ranking) -> np.ndarray:
         """Each turn's query-independent multiplier (session opener, voice, proper noun), kept until

@@ -23,7 +23,6 @@ from sidecar.assembly.candidates import (
     SoftCategory,
     client_vector_of,
 )
-from sidecar.clock import now_ms
 from sidecar.domain import Category, Message, Role, Scope
 from sidecar.index.embedders import Embedder
 from sidecar.index.word_vectors import StaticEmbedder
@@ -323,14 +322,13 @@ class EpisodicSource:
     # ------------------------------------------------------------------ hot path
     def search(self, scope: Scope, query: str, exclude_session: str, budget_tokens: int,
                query_embedding: np.ndarray | None = None,
-               asked_at_ms: int = 0) -> tuple[_UserIndex, np.ndarray, np.ndarray]:
+               relative: tuple[tuple[int, int], ...] = ()) -> tuple[_UserIndex, np.ndarray, np.ndarray]:
         """(index, rows best first, their relevance in (0, 1]) worth about budget * candidate_factor
-        tokens; `asked_at_ms` (0: now) is when the query was asked, for the dates it names relative to
-        then ("two weeks ago")."""
+        tokens; `relative`: the days the query names relative to its asking (relative_spans)."""
         r = self.ranking
         given = self._given(query_embedding)
         key = (scope.tenant_id, scope.user_id)
-        relative = relative_spans(query, asked_at_ms or now_ms()) if r.relative_boost else ()
+        relative = relative if r.relative_boost else ()
         # The same question again (an agent's tool loop rebuilds the context for one user message; a
         # caller tries another budget) over the same turns ranks them alike: its ranking is kept.
         memo = (query, exclude_session, r, query_embedding.tobytes() if given else None, relative)
@@ -399,8 +397,9 @@ class EpisodicSource:
         budget = inp.budget.memories + (inp.budget.recent_messages if inp.budget.flow_unused else 0)
         if not self._searches(inp):
             return [batch]
+        relative = relative_spans(inp.query, inp.asked_at_ms)
         state, rows, relevance = self.search(inp.scope, inp.query, inp.view.session.session_id, budget,
-                                             inp.query_embedding, inp.asked_at_ms)
+                                             inp.query_embedding, relative)
         if not len(rows):
             return [batch]
         row_list = rows.tolist()
@@ -422,7 +421,9 @@ class EpisodicSource:
         headers: list[ItemMeta] = self._day_headers(state, batch, rows) if not state.dated else []
         batch.priority = np.zeros(len(batch.texts))
         batch.meta = partial(_turn_meta, state, row_list, headers, batch.order)
-        if self.ranking.update_min > 0 and not _names_a_time(inp.query, inp.asked_at_ms):
+        # A question naming a day, or a time relative to its asking, asks about then: the newest
+        # telling of a thing is not the one it wants first.
+        if self.ranking.update_min > 0 and not (relative or query_days(inp.query)):
             batch.rescore = partial(_newer_first, state, inp.query, rows, len(headers), self.ranking, self._lock)
         if not inp.counter.stored:  # another tokenizer: every item (turn, marked turn, day) is a line counted in it
             batch.tokens = np.array([inp.counter.line(t) for t in batch.texts], np.int32)
@@ -477,12 +478,6 @@ def _mark_superseded(state: _UserIndex, batch: CandidateBatch, rows: list[int],
         bodies[j] = fastpath.encode_item(state.sources[row], Category.MEMORIES, int(toks[j]), texts[j],
                                          int(state.roles[row]), int(state.timestamps[row]), (state.ids[row],))
     batch.relevance, batch.texts, batch.bodies, batch.tokens = relevance, texts, bodies, toks
-
-
-def _names_a_time(query: str, asked_at_ms: int) -> bool:
-    """Whether the query names a day, or a time relative to its asking: it asks about then, so the
-    newest telling of a thing is not the one it wants first (_newer_first)."""
-    return bool(query_days(query) or relative_spans(query, asked_at_ms or now_ms()))
 
 
 def _newer_first(state: _UserIndex, query: str, rows: np.ndarray, headers: int, r: Ranking, lock: threading.Lock,
