@@ -50,35 +50,35 @@ def _literal(run: list[int], icase: bool) -> frozenset[str]:
 
 
 def _needs(items, icase: bool) -> frozenset[str] | None:
-    """What a sequence of parsed items needs: any one of its mandatory parts' needs."""
-    best: frozenset[str] | None = None
+    """What a sequence of parsed items needs: any one of its mandatory parts' needs, the rarest."""
+    found: list[frozenset[str] | None] = []
     run: list[int] = []  # consecutive literal characters (zero-width items do not break a run)
-    for op, av in list(items) + [(None, None)]:
+    for op, av in items:
         if op is _c.LITERAL:
             run.append(av)
             continue
         if op in _ZERO_WIDTH:
             continue
-        found: frozenset[str] | None = None
         if run:
-            found = _literal(run, icase)
+            found.append(_literal(run, icase))
             run = []
-        if found is not None and _better(found, best):
-            best = found
-        found = None
         if op is _c.SUBPATTERN:
             _, add_flags, del_flags, sub = av
             if (add_flags | del_flags) & re.IGNORECASE:
                 raise _NoGate
-            found = _needs(sub, icase)
+            found.append(_needs(sub, icase))
         elif op is _c.BRANCH:
             alternatives = [_needs(b, icase) for b in av[1]]
             if all(a is not None for a in alternatives):
-                found = frozenset().union(*alternatives)  # type: ignore[arg-type]
+                found.append(frozenset().union(*alternatives))  # type: ignore[arg-type]
         elif op in _REPEATS and av[0] >= 1:
-            found = _needs(av[2], icase)
-        if found is not None and _better(found, best):
-            best = found
+            found.append(_needs(av[2], icase))
+    if run:
+        found.append(_literal(run, icase))
+    best: frozenset[str] | None = None
+    for f in found:
+        if f is not None and _better(f, best):
+            best = f
     return best
 
 

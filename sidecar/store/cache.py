@@ -303,22 +303,14 @@ class CachingStore:
                     view.session.updated_at_ms = now_ms
                     self._view_messages += len(view.messages) - before
                     self._trim()
-            for listener in self.append_listeners:
-                try:
-                    listener(scope, session_id, stored)
-                except Exception:  # the rows are committed: an index's failure must not fail the write
-                    log.exception("append listener %r failed", listener)
+            _tell(self.append_listeners, scope, session_id, stored)
             return stored
 
     def import_sessions(self, scope: Scope, batch: Sequence[SessionImport]) -> None:
         """The backend's import_sessions. No view is cached: the sessions are past conversations, and
         none was cached before (they are new)."""
         self.backend.import_sessions(scope, batch)
-        for listener in self.import_listeners:
-            try:
-                listener(scope)
-            except Exception:  # the rows are committed: an index's failure must not fail the write
-                log.exception("import listener %r failed", listener)
+        _tell(self.import_listeners, scope)
 
     def write_facts(self, scope: Scope, session_id: str, upserts: Sequence[Fact], deletes: Sequence[tuple[str, int]],
                     changes: Sequence[FactChange], at_ms: int) -> None:
@@ -400,3 +392,13 @@ class CachingStore:
         with self._lock:
             for key in [k for k in self._views if k[0] == scope.tenant_id and k[1] == scope.user_id]:
                 self._drop_view(key)
+
+
+def _tell(listeners: Sequence[Callable[..., None]], *args: Any) -> None:
+    """Call each listener of a committed write; the rows are committed, so a derived index's failure
+    is logged, never the write's."""
+    for listener in listeners:
+        try:
+            listener(*args)
+        except Exception:
+            log.exception("listener %r failed", listener)
