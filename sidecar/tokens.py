@@ -40,6 +40,51 @@ def count_many(texts: list[str]) -> list[int]:
     return [len(encode(t, disallowed_special=())) if t else 0 for t in texts]
 
 
+# cl100k's pre-tokenizer always ends a piece at an ASCII letter that a space follows (every piece
+# holding a letter ends with one) and reads on from there without looking back, so a text cut there
+# costs its two parts' tokens: a new head or tail is counted alone, not the whole text again.
+_CUT_SEARCH = 256  # characters searched for a cut; a text with none there is counted whole
+
+
+def _cut_near_start(text: str) -> int:
+    """The first i (0: none within _CUT_SEARCH) where text[i] is a space after an ASCII letter."""
+    i = text.find(" ", 1, _CUT_SEARCH)
+    while i > 0:
+        if text[i - 1].isascii() and text[i - 1].isalpha():
+            return i
+        i = text.find(" ", i + 1, _CUT_SEARCH)
+    return 0
+
+
+def _cut_near_end(text: str) -> int:
+    """The last such i within _CUT_SEARCH characters of the end (0: none)."""
+    stop = max(len(text) - _CUT_SEARCH, 1)
+    i = text.rfind(" ", stop)
+    while i > 0:
+        if text[i - 1].isascii() and text[i - 1].isalpha():
+            return i
+        i = text.rfind(" ", stop, i)
+    return 0
+
+
+def count_prefixed(prefix: str, text: str, counted: int) -> int:
+    """count_tokens(prefix + text), given count_tokens(text): only the text's head is counted again."""
+    i = _cut_near_start(text)
+    if not i:
+        return count_tokens(prefix + text)
+    head = text[:i]
+    return counted - count_tokens(head) + count_tokens(prefix + head)
+
+
+def count_with_newline(text: str, counted: int) -> int:
+    """count_tokens(text + "\n"), given count_tokens(text): only the text's tail is counted again."""
+    i = _cut_near_end(text)
+    if not i:
+        return count_tokens(text + "\n")
+    tail = text[i:]
+    return counted - count_tokens(tail) + count_tokens(tail + "\n")
+
+
 def count_line(text: str) -> int:
     """Tokens of a text as a line of a prompt, the newline that ends it included. Every line the
     sidecar packs starts with a label ("Ann: ", "[8 May 2023]", "- "), and cl100k never joins a newline
@@ -55,7 +100,7 @@ def count_lines(texts: list[str], counted: Sequence[int] | None = None) -> list[
     """count_line of each text, in one loop (a batch of turns as they are indexed); `counted`, when
     given, holds count_tokens of each text already (a message's stored line_tokens)."""
     alone = count_many(texts) if counted is None else counted
-    return [max(a, b) for a, b in zip(count_many([t + "\n" for t in texts]), alone, strict=True)]
+    return [max(count_with_newline(t, a), a) for t, a in zip(texts, alone, strict=True)]
 
 
 @functools.lru_cache(maxsize=4096)

@@ -14,6 +14,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fastpath
 from sidecar.api import context_service_pb2 as pb
@@ -899,3 +901,20 @@ def test_a_newer_telling_scores_first_in_the_built_context(running, user):
     items = {it.source: it.score for it in build(running.stub, user, new_sid, "Where do I live?")}
     boston, denver = items[f"message:{ids[0]}"], items[f"message:{ids[1]}"]
     assert denver > boston
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.text(st.sampled_from(list("iI'mMyYoOuUrRwWeEsS .!?\"\n\tAbcL-_1ıİſK\u212aé")), max_size=60)
+       | st.text(max_size=40))
+def test_voice_and_capitalised_answer_as_their_plain_patterns(text):
+    # The reference patterns the faster forms must agree with: IGNORECASE on every text, and the
+    # assertions of a capitalised word tried at every position.
+    import re
+
+    from sidecar.memory.episodic.priors import _PERSON_RE, capitalised, voice
+
+    own = sum(1 for m in _PERSON_RE.finditer(text) if not m.group(2))
+    other = sum(1 for m in _PERSON_RE.finditer(text) if m.group(2))
+    assert voice(text) == (own > other) - (other > own)
+    plain = re.compile(r"(?<![.!?]\s)(?<![.!?]\s\")(?<!^)\b[A-Z][a-z]+")
+    assert capitalised(text) == tuple(dict.fromkeys(w.lower() for w in plain.findall(text)))

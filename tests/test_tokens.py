@@ -51,3 +51,37 @@ def test_a_newline_after_punctuation_is_no_extra_token():
 def test_a_message_line_starts_with_its_label_whatever_the_speaker():
     assert render_message_line(Role.USER, " Ann\n", "hi") == "Ann: hi"
     assert render_message_line(Role.USER, "  ", "hi") == f"{Role.USER.label}: hi"
+
+
+# Texts dense in the places a count may be cut (an ASCII letter, then a space) beside what merges
+# across them in other tokenizations: contractions, digits, punctuation, blanks, CJK, emoji, marks.
+CUTTABLE = st.text(st.sampled_from(list("ab Z  ' s t 1 2 . ! : \t \r \n \u00a0 \u3000 中 文 😀 \u0301 - $ ı İ ſ")
+                                   + [" ", " ", "a", "e"]), max_size=80)
+LONG = st.builds(str.__mul__, CUTTABLE, st.integers(1, 12))  # past the search for a cut, too
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.sampled_from(["user: ", "assistant: ", "Ann: ", "[8 May 2023] Ann: ", "", "x", "“", "中: "]),
+       st.one_of(CUTTABLE, LONG, ANY_TEXT))
+def test_a_prefixed_count_from_the_texts_count_is_the_whole_count(prefix, text):
+    from sidecar.tokens import count_prefixed
+
+    assert count_prefixed(prefix, text, count_tokens(text)) == count_tokens(prefix + text)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(CUTTABLE, LONG, ANY_TEXT))
+def test_a_count_with_a_newline_from_the_texts_count_is_the_whole_count(text):
+    from sidecar.tokens import count_with_newline
+
+    assert count_with_newline(text, count_tokens(text)) == count_tokens(text + "\n")
+
+
+def test_counts_cut_where_a_letter_meets_a_space_in_long_texts():
+    from sidecar.tokens import count_prefixed, count_with_newline
+
+    log = "\n".join(f"2026-12-05T23:{i % 60:02d} ERROR pod-{i} OOMKilled, restarting... it's the {i}th time" for i in range(300))
+    for text in (log, "word " * 5000, "x" * 3000 + " tail", "中文" * 2000, "😀 " * 2000):
+        n = count_tokens(text)
+        assert count_prefixed("user: ", text, n) == count_tokens("user: " + text)
+        assert count_with_newline(text, n) == count_tokens(text + "\n")

@@ -167,9 +167,8 @@ def prepare(messages: Sequence[NewMessage]) -> PreparedBatch:
         masked += [(i, f) for f in found + in_args]
         calls = tuple(replace(c, arguments_json=a) for c, (a, _) in zip(m.tool_calls, args, strict=True))
         clean.append(replace(m, text=text, tool_calls=calls) if found or in_args else m)
-    counts = list(zip(tokens.count_many([m.text for m in clean]),
-                      tokens.count_many([render_message_line(m.role, m.speaker, m.text) for m in clean]),
-                      strict=True))
+    counts = [(n, tokens.count_prefixed(render_message_line(m.role, m.speaker, ""), m.text, n))
+              for m, n in zip(clean, tokens.count_many([m.text for m in clean]), strict=True)]
     pinned = [(i, text, tokens.count_tokens(text) + 1)
               for i, m in enumerate(clean) if m.role == Role.USER for text in detect_constraints(m.text)]
     return PreparedBatch(clean, masked, counts, pinned)

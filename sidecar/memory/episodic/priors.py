@@ -23,13 +23,17 @@ if TYPE_CHECKING:
 # First-person words, and (group 2) second-person ones.
 _PERSON_RE = re.compile(r"\b(i|i'm|i've|i'd|i'll|me|my|mine|myself|we|we're|we've|us|our|ours"
                         r"|(you|your|you're|you've|you'd|you'll|yours|yourself))\b", re.I)
+_PERSON_CASED_RE = re.compile(_PERSON_RE.pattern)
 
 
 def voice(text: str) -> int:
     """+1 when a turn says more "I/my/we" than "you/your" (it tells of its speaker), -1 when more
     "you/your" (it tells of the listener), else 0."""
     own = other = 0
-    for m in _PERSON_RE.finditer(text):
+    # ASCII text, lowered, is matched without IGNORECASE's per-character case folding;
+    # other text keeps it (its folding is Unicode's, not str.lower's).
+    matches = _PERSON_CASED_RE.finditer(text.lower()) if text.isascii() else _PERSON_RE.finditer(text)
+    for m in matches:
         if m.group(2):
             other += 1
         else:
@@ -38,7 +42,8 @@ def voice(text: str) -> int:
 
 
 # A capitalised word that does not open a sentence: a name ("Laura", "Chicago", "Charlotte's Web").
-_CAPITAL_RE = re.compile(r"(?<![.!?]\s)(?<![.!?]\s\")(?<!^)\b[A-Z][a-z]+")
+# The capital is looked for first, so the assertions are tried only where one stands.
+_CAPITAL_RE = re.compile(r"(?=[A-Z])(?<![.!?]\s)(?<![.!?]\s\")(?<!^)\b[A-Z][a-z]+")
 
 
 def capitalised(text: str) -> tuple[str, ...]:
