@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from sidecar.caseless import CaselessPattern
 from sidecar.llm import ChatClient, LLMError, parse_json_content
 from sidecar.secrets import redact
 from sidecar.textmodel import Turn, find_entities, find_environments, is_low_information, sentences
@@ -85,6 +86,7 @@ _ANY_CUE_RE = re.compile(
     re.I,
 )
 _EPISODE_CUE_RE = re.compile("|".join(rx.pattern for rx in (_INCIDENT_RE, _CONCLUSION_RE)), re.I)
+_ANY_CUE, _EPISODE_CUE = CaselessPattern(_ANY_CUE_RE), CaselessPattern(_EPISODE_CUE_RE)
 
 # Known topics -> fixed subject keys, checked in order.
 _TOPICS: list[tuple[str, re.Pattern[str]]] = [
@@ -210,8 +212,8 @@ class RuleBasedExtractor:
         open_incident: tuple[Turn, str] | None = None
         for turn in turns:
             text = turn.text
-            cue = _ANY_CUE_RE if turn.role == "user" else _EPISODE_CUE_RE
-            if turn.role == "system" or not cue.search(text) or is_low_information(text):
+            cue = _ANY_CUE if turn.role == "user" else _EPISODE_CUE
+            if turn.role == "system" or not cue.found(text) or is_low_information(text):
                 continue
             for sentence in sentences(text):
                 if turn.role == "user":

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sidecar.caseless import CaselessPattern
 from sidecar.memory.episodic.dates import _EPOCH, query_dates, query_days
 from sidecar.memory.episodic.terms import _WORD_RE
 from sidecar.memory.question_person import asked_about
@@ -23,17 +24,14 @@ if TYPE_CHECKING:
 # First-person words, and (group 2) second-person ones.
 _PERSON_RE = re.compile(r"\b(i|i'm|i've|i'd|i'll|me|my|mine|myself|we|we're|we've|us|our|ours"
                         r"|(you|your|you're|you've|you'd|you'll|yours|yourself))\b", re.I)
-_PERSON_CASED_RE = re.compile(_PERSON_RE.pattern)
+_PERSON = CaselessPattern(_PERSON_RE)
 
 
 def voice(text: str) -> int:
     """+1 when a turn says more "I/my/we" than "you/your" (it tells of its speaker), -1 when more
     "you/your" (it tells of the listener), else 0."""
     own = other = 0
-    # ASCII text, lowered, is matched without IGNORECASE's per-character case folding;
-    # other text keeps it (its folding is Unicode's, not str.lower's).
-    matches = _PERSON_CASED_RE.finditer(text.lower()) if text.isascii() else _PERSON_RE.finditer(text)
-    for m in matches:
+    for m in _PERSON.finditer(text):
         if m.group(2):
             other += 1
         else:

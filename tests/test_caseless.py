@@ -1,0 +1,41 @@
+"""CaselessPattern answers as its IGNORECASE pattern does, on any text."""
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.caseless import CaselessPattern
+from sidecar.memory.episodic.priors import _PERSON_RE
+from sidecar.memory.extract import _ANY_CUE_RE, _EPISODE_CUE_RE
+
+PATTERNS = [_ANY_CUE_RE, _EPISODE_CUE_RE, _PERSON_RE]
+# Texts made of the patterns' own words in any case, beside what folds oddly (dotless i, long s,
+# the Kelvin sign), CJK cues and emoji.
+WORDS = st.sampled_from(["I", "i'm", "We", "YOU", "your", "prefer", "Like", "usually", "Every", "morning", "our",
+                         "team", "owns", "Incident", "outage", "SEV-1", "p1", "paged", "root", "cause", "Fixed",
+                         "by", "turned", "out", "ı", "ſ", "K", "\u212a", "故障", "我习惯", "以后", "😀", "'", "-",
+                         " ", "  ", "\n", ".", "?"])
+TEXTS = st.lists(WORDS, max_size=30).map(" ".join) | st.text(max_size=60)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(TEXTS)
+def test_it_finds_what_the_pattern_finds_where_it_finds_it(text):
+    for rx in PATTERNS:
+        p = CaselessPattern(rx)
+        assert p.found(text) == (rx.search(text) is not None)
+        assert [m.span() for m in p.finditer(text)] == [m.span() for m in rx.finditer(text)]
+        assert [m.lastindex for m in p.finditer(text)] == [m.lastindex for m in rx.finditer(text)]
+
+
+@pytest.mark.parametrize("pattern", ["Foo", r"[A-Z]x", "k\u212a", "ſ", r"(?:bar|Baz)"])
+def test_a_pattern_with_a_letter_lowering_could_miss_is_refused(pattern):
+    with pytest.raises(ValueError):
+        CaselessPattern(re.compile(pattern, re.I))
+
+
+def test_a_pattern_that_ignores_no_case_is_refused():
+    with pytest.raises(ValueError):
+        CaselessPattern(re.compile("foo"))
