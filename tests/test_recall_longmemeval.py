@@ -174,7 +174,7 @@ def test_an_imported_replay_measures_what_a_committed_one_does(stub, tmp_path):
 
 
 def test_model_profile_without_the_extra_fails_clearly(monkeypatch):
-    monkeypatch.setattr(recall, "model_installed", lambda: False)
+    monkeypatch.setattr(recall, "model_installed", lambda name: False)
     monkeypatch.setattr(sys, "argv", ["recall.py", "--dataset", "longmemeval", "--profile", "model", "--quick"])
     with pytest.raises(SystemExit, match="needs the 'model' extra"):
         recall.main()
