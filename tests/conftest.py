@@ -27,9 +27,9 @@ _tenants = itertools.count(1)
 class Running:
     """An in-process server with a client stub."""
 
-    def __init__(self, db_path: str, auth_token: str | None = None) -> None:
+    def __init__(self, db_path: str, auth_token: str | None = None, embedder=None) -> None:
         self.db_path = db_path
-        self.app = Sidecar(db_path)
+        self.app = Sidecar(db_path, embedder=embedder)
         self.server, self.port = build_server(self.app, listen="127.0.0.1:0", uds=None, auth_token=auth_token)
         self.server.start()
         self.address = f"127.0.0.1:{self.port}"

@@ -2,7 +2,6 @@
 paraphrase that shares no character with what was said, or an English question about a Chinese
 turn, still recalls it; the default profile, lexical for Chinese, cannot."""
 
-import grpc
 import numpy as np
 import pytest
 
@@ -49,16 +48,13 @@ def test_a_chinese_paraphrase_sharing_no_character_is_ranked_first(use):
 
 
 def test_served_multilingual_profile_packs_the_recalled_turn(tmp_path, use):
-    from sidecar.api import context_service_pb2 as pb
-    from sidecar.api import context_service_pb2_grpc as pb_grpc
-    from sidecar.app import Sidecar
-    from sidecar.server import build_server
+    from conftest import Running
 
-    app = Sidecar(str(tmp_path / "zh.duckdb"), embedder=use)
-    server, port = build_server(app, listen="127.0.0.1:0", uds=None)
-    server.start()
+    from sidecar.api import context_service_pb2 as pb
+
+    running = Running(str(tmp_path / "zh.duckdb"), embedder=use)
     try:
-        stub = pb_grpc.ContextServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        stub = running.stub
         scope = pb.Scope(tenant_id="t", user_id="li")
         for i, text in enumerate(TURNS):  # one session a day
             sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
@@ -74,5 +70,4 @@ def test_served_multilingual_profile_packs_the_recalled_turn(tmp_path, use):
             assert any(GUITAR in t for t in texts), (query, texts)
             assert not any(t.endswith(TURNS[0]) for t in texts)  # the budget holds one or two turns, not all
     finally:
-        server.stop(None)
-        app.close()
+        running.stop()
