@@ -136,7 +136,7 @@ class Sidecar:
         self.memories.on_delete(lambda scope, ids: self.builder.forget_user(scope))
         self.memories.on_forget(self._clear_text_caches)
         self.memories.on_forget(self.builder.forget_user)
-        self.imports = ImportService(self.sessions, self.turns)
+        self.imports = ImportService(self.sessions, self.turns, view_jobs=[SUMMARY_JOB])
         self.deletion = DeletionService(self.sessions, self.memories, self.episodic, self.builder)
         requeue_interrupted(self.store)
         self.worker.start()

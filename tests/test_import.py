@@ -236,3 +236,29 @@ def test_kill9_during_imports_leaves_each_whole_or_absent(spawn):
     assert total == 5 * len(sent)  # each import once, the retried ones included
     stored = stub.ListMessages(pb.ListMessagesRequest(scope=scope, session_id=f"i{acked[0]}-s4", newest=100)).messages
     assert [m.text for m in stored] == texts
+
+
+def test_a_session_whose_summary_job_reads_its_view_is_cached_as_a_load_would_make_it(fresh_server, monkeypatch):
+    """The view kept at import equals the one loaded from rows, pins included; the summary job then
+    reads it without a load (no session row read), and its fold is what it was."""
+    app, stub = fresh_server.app, fresh_server.stub
+    scope = pb.Scope(tenant_id="t", user_id="viewed")
+    long_turns = [f"Step {i}: the deploy of service {i} to the cluster finished after a long migration " * 12
+                  for i in range(40)] + ["Never restart the production database without a ticket."]
+    loads = []
+    original = app.store.backend.get_session
+    monkeypatch.setattr(app.store.backend, "get_session", lambda *a: loads.append(a) or original(*a))
+    answer = _import(stub, scope, [_past(0, long_turns), _past(1, ["short"])])
+    _wait(stub, scope)
+    assert loads == []  # the summary job found its view cached
+    own = Scope("t", "viewed")
+    long_id, short_id = (s.session.session_id for s in answer.sessions)
+    kept = app.store._cached(own, long_id)
+    assert kept is not None and app.store._cached(own, short_id) is None  # no job reads the short one's view
+    assert kept.pinned and kept.summary is not None  # the prohibition pinned; the job folded into the summary
+    app.store.evict_user(own)
+    loaded = app.store.session_view(own, long_id)
+    assert loads and loaded is not kept
+    assert (loaded.session, loaded.messages, loaded.pinned) == (kept.session, kept.messages, kept.pinned)
+    assert (loaded.summary, loaded.tool_results, loaded.notes, loaded.subsession_results, loaded.confirmed) == \
+        (kept.summary, kept.tool_results, kept.notes, kept.subsession_results, kept.confirmed)

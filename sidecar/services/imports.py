@@ -38,10 +38,11 @@ class ImportedSession:
 
 
 class ImportService:
-    def __init__(self, sessions: SessionService, turns: TurnService) -> None:
+    def __init__(self, sessions: SessionService, turns: TurnService, view_jobs: Sequence[str] = ()) -> None:
         self.sessions = sessions
         self.turns = turns
         self.store = sessions.store
+        self.view_jobs = frozenset(view_jobs)  # job kinds that read their session's view (cached at import)
 
     def import_sessions(self, scope: Scope, past: Sequence[PastSession]) -> list[ImportedSession]:
         """Check everything first (a bad field anywhere stores nothing), then store every session, its
@@ -64,7 +65,7 @@ class ImportService:
                               message_count=len(p.messages))
             plan = plan_append(scope, sid, prepared.messages, prepared.counts, prepared.pinned, at, {}, 1)
             jobs = self.turns.whole_session_jobs(scope, sid, plan.out)
-            batch.append(SessionImport(session, plan, jobs))
+            batch.append(SessionImport(session, plan, jobs, cache_view=any(j.kind in self.view_jobs for j in jobs)))
             out[i] = ImportedSession(session, plan.out, prepared.masked, [j.job_id for j in jobs])
         self.store.import_sessions(scope, batch)  # AlreadyExists when an id is taken: nothing stored
         self.turns.worker.notify()

@@ -307,9 +307,24 @@ class CachingStore:
             return stored
 
     def import_sessions(self, scope: Scope, batch: Sequence[SessionImport]) -> None:
-        """The backend's import_sessions. No view is cached: the sessions are past conversations, and
-        none was cached before (they are new)."""
+        """The backend's import_sessions. The view of a session marked cache_view is made from what was
+        stored, as a load from rows would make it (the sessions are new: no facts, summary, tool
+        results, notes or sub-agents yet); the others' are not cached: they are past conversations."""
         self.backend.import_sessions(scope, batch)
+        kept = [(item, self.backend.list_pinned(scope, item.session.session_id) if item.plan.pinned_rows else [])
+                for item in batch if item.cache_view]
+        with self._lock:
+            for item, pinned in kept:
+                key = (scope.tenant_id, scope.user_id, item.session.session_id)
+                if key in self._views:  # a call loaded it since the commit
+                    continue
+                view = SessionView(session=replace(item.session), pinned=pinned)
+                view.add_messages(item.plan.out[-MAX_CACHED_MESSAGES:])
+                view.session.message_count = item.session.message_count
+                self._views[key] = view
+                self._view_messages += len(view.messages)
+            if kept:
+                self._trim()
         _tell(self.import_listeners, scope)
 
     def write_facts(self, scope: Scope, session_id: str, upserts: Sequence[Fact], deletes: Sequence[tuple[str, int]],

@@ -157,11 +157,14 @@ class AppendPlan:
 @dataclass(frozen=True, slots=True)
 class SessionImport:
     """One session of an ImportSessions call: its row, its planned messages (sequence numbers from 1)
-    and its after-turn jobs; stored with every other session of the call in one transaction."""
+    and its after-turn jobs; stored with every other session of the call in one transaction.
+    `cache_view`: a job queued for it reads its view, so the store's cache keeps the view it can make
+    from what it stored (the job would load it from rows moments later)."""
 
     session: Session
     plan: AppendPlan
     jobs: list[Job]
+    cache_view: bool = False
 
 
 def session_row(scope: Scope, s: Session) -> tuple:
