@@ -1,9 +1,8 @@
 """An IGNORECASE pattern matched on ASCII text without case folding: the text lowered, against the
 same pattern compiled case-sensitively. re folds every character it compares under IGNORECASE,
 which is most of the cost of reading extraction cues and a turn's voice off long turns. The answers
-are the same: a pattern is only taken when it holds no letter that
-lowering could miss (no upper-case ASCII letter, no cased non-ASCII one), and other text is matched
-by the pattern itself."""
+are the same: a pattern is only taken when it holds no letter that lowering could miss (no upper-case
+ASCII letter, no cased non-ASCII one), and other text is matched by the pattern itself."""
 
 from __future__ import annotations
 
