@@ -10,6 +10,7 @@ import functools
 import gzip
 import hashlib
 import importlib.util
+import re
 import threading
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -119,6 +120,7 @@ def truncate_to_tokens(text: str, max_tokens: int) -> str:
 # ---------------------------------------------------------------------------------------- per-call tokenizers
 
 COUNTER_CACHE_SIZE = 1 << 16  # texts per cache of a non-default counter
+_LEADING_BREAKS = re.compile(r"[\r\n/]*")  # what a punctuation piece ending the line before may take
 
 
 class TokenCounter:
@@ -159,7 +161,21 @@ class TokenCounter:
 
     def count_line(self, text: str) -> int:
         """count_line() in this tokenizer: the text as a line of a prompt, its newline included."""
-        return max(self.count(text + "\n"), self.count(text))
+        return max(self.count(text + "\n"), self.count(text), self._joined_bound(text))
+
+    def _joined_bound(self, text: str) -> int:
+        """What a line starting with "/" may cost after the line before it, in a vocabulary whose
+        punctuation pieces take the newline and the slashes after it (o200k: "<\n/" is one piece, so
+        such a line joins the one before): its leading slashes' bytes (each at most one token of the
+        joined piece) and the rest counted as a line of its own; 0 for any other line or vocabulary."""
+        if not text.startswith("/") or not self._slash_joins():
+            return 0
+        lead = _LEADING_BREAKS.match(text).group()  # type: ignore[union-attr]  # "/" matches
+        rest = text[len(lead):]
+        return max(self.count(rest + "\n"), self.count(rest)) + len(lead.encode())
+
+    def _slash_joins(self) -> bool:
+        return "[\\r\\n/]" in self.encoding._pat_str
 
     # A row's stored count where it is in this tokenizer (cl100k), else the text counted (once) in it.
     def of(self, text: str, stored: int) -> int:
@@ -172,7 +188,7 @@ class TokenCounter:
 
     def plus_newline(self, text: str, stored: int) -> int:
         """count(text) + 1 for the newline that ends its line (summaries, notes, facts, pins), as stored."""
-        return stored if self.stored else self.cached(text) + 1
+        return stored if self.stored else max(self.cached(text) + 1, self._joined_bound(text))
 
     def cache_clear(self) -> None:
         if self.cached is not count_tokens_cached:  # cl100k's own cache is cleared by clear_caches

@@ -168,14 +168,28 @@ def test_a_tail_counts_another_tokenizer_once_and_extends_it_on_append():
     assert MessageTail().extended([_message(1, "x")]).recounted == {}  # a session no call asked in costs nothing
 
 
+# Lines ending in punctuation before lines starting with slashes: o200k joins "<\n/" into one piece.
+SLASHED = st.lists(st.builds(str.__add__, st.sampled_from(["/", "//", "/\n/", "-", ":", "a", "<"]),
+                             st.text(st.sampled_from(list("/:<>.!?,;-=*#()[]'\" \t\n\rabcXY019中😀")), max_size=10)),
+                   min_size=2, max_size=5)
+
+
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "cl100k_base"])
 @settings(max_examples=300, deadline=None)
-@given(lines=LINES | EDGY)
+@given(lines=LINES | EDGY | SLASHED)
 def test_lines_are_never_charged_less_than_they_cost_joined_in_any_vocabulary(name, lines):
     counter = tokens.counter(name)
     joined = counter.count("\n".join(lines))
     assert sum(counter.count_line(t) for t in lines) >= joined
-    assert sum(counter.count(t) + 1 for t in lines) >= joined  # count + 1, as messages and summaries are charged
+    assert sum(counter.plus_newline(t, 0) for t in lines) >= joined  # as messages and summaries are charged
+
+
+@pytest.mark.parametrize("lines", [["0<", "/:0:"], ["Done.", "/u/joe: hi"], ["ok!", "//", "/x"]])
+def test_a_line_starting_with_slashes_is_charged_what_it_may_cost_after_punctuation(lines):
+    counter = tokens.counter("o200k_base")
+    joined = counter.count("\n".join(lines))
+    assert sum(counter.count_line(t) for t in lines) >= joined
+    assert sum(counter.plus_newline(t, 0) for t in lines) >= joined
 
 
 def test_a_deletion_forgets_every_vocabularys_counts():
