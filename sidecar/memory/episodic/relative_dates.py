@@ -8,6 +8,8 @@ from __future__ import annotations
 import datetime as dt
 import re
 
+from sidecar.memory.episodic.dates import _EPOCH, utc_day
+
 _NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
             "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "a couple of": 2, "couple of": 2,
             "a few": 3, "few": 3, "several": 4}
@@ -34,7 +36,7 @@ def relative_spans(query: str, asked_at_ms: int) -> tuple[tuple[int, int], ...]:
     asking, in the order found."""
     if not _HINT_RE.search(query):
         return ()
-    today = dt.datetime.fromtimestamp(asked_at_ms / 1000, dt.UTC).date()
+    today = utc_day(asked_at_ms).date()
     spans: list[tuple[dt.date, dt.date]] = []
     taken: list[tuple[int, int]] = []  # character spans already read (the longest reading wins)
 
@@ -67,8 +69,7 @@ def relative_spans(query: str, asked_at_ms: int) -> tuple[tuple[int, int], ...]:
         what = " ".join(m.group("what").lower().split())
         back = 2 if what.endswith("before yesterday") else 1 if what == "yesterday" else 0
         add(m, today - dt.timedelta(days=back), today - dt.timedelta(days=back))
-    epoch = dt.date(1970, 1, 1)
-    return tuple(((a - epoch).days, (b - epoch).days) for a, b in spans)
+    return tuple((a.toordinal() - _EPOCH, b.toordinal() - _EPOCH) for a, b in spans)
 
 
 def _count(word: str) -> int:
