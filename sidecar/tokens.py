@@ -171,8 +171,7 @@ class TokenCounter:
         if not text.startswith("/") or not self._slash_joins():
             return 0
         lead = _LEADING_BREAKS.match(text).group()  # type: ignore[union-attr]  # "/" matches
-        rest = text[len(lead):]
-        return max(self.count(rest + "\n"), self.count(rest)) + len(lead.encode())
+        return self.count_line(text[len(lead):]) + len(lead.encode())  # the rest starts with no "/"
 
     def _slash_joins(self) -> bool:
         return "[\\r\\n/]" in self.encoding._pat_str
