@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,7 +39,7 @@ class HashEmbedder:
         return fastpath.hash_embed(list(texts), self.dim)
 
 
-class _RecentTexts:
+class _RecentTexts(ABC):
     """A local model's embed(): the last few texts embedded alone or in a small batch are kept, so a
     BuildContext whose sources each embed the query (long-term memories, knowledge, episodic recall)
     runs the model once: in one batch when they embed different texts (ContextBuilder.query_embedder).
@@ -78,8 +79,9 @@ class _RecentTexts:
         with self._lock:
             self._recent.clear()
 
+    @abstractmethod
     def _encode(self, texts: Sequence[str]) -> np.ndarray:
-        raise NotImplementedError
+        """float32[n, dim], unit rows: the model run on these texts."""
 
 
 class MiniLMEmbedder(_RecentTexts):
