@@ -10,7 +10,7 @@ turns first) and a plain BM25 over the user's turns.
   with at least one turn in the context.
 
 python bench/recall.py [--data PATH] [--dataset locomo|longmemeval] [--limit N] [--profile default|model|multilingual]
-                       [--quick] [--commit turn|session]
+                       [--quick] [--commit turn|session|import]
 
 The data (LoCoMo CC BY-NC, LongMemEval MIT) is read from ../shared, never copied into the repo.
 """
