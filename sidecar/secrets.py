@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import hashlib
 import itertools
 import math
 import re
@@ -649,7 +650,29 @@ def _merge(spans: list[SecretSpan]) -> list[SecretSpan]:
 
 
 def contains_secret(text: str) -> bool:
-    return bool(find_secrets(text))
+    if _digest(text) in _CLEAN:
+        return False
+    found = bool(find_secrets(text))
+    if not found:
+        _known_clean(text)
+    return found
+
+
+# Texts found to hold no secret, by digest: a message is masked at ingest, and its after-turn job reads
+# it back to check it again (a row may predate masking); in the same process that check is a lookup.
+# Cleared when full (a dict's get and set are atomic).
+_CLEAN: dict[bytes, None] = {}
+_CLEAN_MAX = 1 << 16
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _known_clean(text: str) -> None:
+    if len(_CLEAN) >= _CLEAN_MAX:
+        _CLEAN.clear()
+    _CLEAN[_digest(text)] = None
 
 
 def mask(text: str) -> tuple[str, list[Masked]]:
@@ -659,6 +682,7 @@ def mask(text: str) -> tuple[str, list[Masked]]:
     itself. The masked text holds nothing left to mask, so masking it again changes nothing."""
     spans = find_secrets(text)
     if not spans:
+        _known_clean(text)
         return text, []
     last = max((int(m.group(2)) for m in PLACEHOLDER_RE.finditer(text)), default=0)
     for _ in range(_MASK_ROUNDS):
@@ -673,6 +697,7 @@ def mask(text: str) -> tuple[str, list[Masked]]:
         # mask what the masked text still shows too, at its place in the original.
         more = find_secrets(out)
         if not more:
+            _known_clean(out)
             break
         spans = _merge(spans + _in_original(masked, more))
     return out, masked

@@ -8,8 +8,10 @@ English and Chinese are supported throughout.
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -106,9 +108,12 @@ def meaningful_chars(text: str) -> int:
     return len(_NOT_MEANINGFUL_RE.sub("", text))
 
 
-def has_meaningful(text: str) -> bool:
-    """meaningful_chars(text) > 0, stopping at the first such character."""
-    return _MEANINGFUL_RE.search(text) is not None
+def has_meaningful(text: str, at_least: int = 1) -> bool:
+    """meaningful_chars(text) >= at_least, stopping at the at_least-th such character (a long turn is
+    not scanned to its end)."""
+    if at_least == 1:
+        return _MEANINGFUL_RE.search(text) is not None
+    return sum(1 for _ in itertools.islice(_MEANINGFUL_RE.finditer(text), at_least)) == at_least
 
 
 # --------------------------------------------------------------------------- small talk
@@ -122,6 +127,7 @@ _SMALL_TALK = frozenset(
     "您好|早|早上好|晚安|辛苦了|是的|对|对的|嗯好|ok了|好嘞|拜拜|再见|哦|噢|懂了|不客气".split("|")
 )
 _LONGEST_SMALL_TALK = max(map(len, _SMALL_TALK))
+_HEAD_CHARS = 4 * _LONGEST_SMALL_TALK  # what _phrase_is_small_talk reads first
 _SPLIT_SMALL_TALK_RE = re.compile(r"[\s,.!?;:~，。！？；：、…]+")
 _REPEAT_RE = re.compile(r"(.)\1+")
 
@@ -136,7 +142,7 @@ def is_small_talk(text: str) -> bool:
     # Every part that holds a meaningful character must be small talk, and there must be one; a long
     # turn fails at its first part.
     seen = False
-    for part in _SPLIT_SMALL_TALK_RE.split(norm):
+    for part in _parts(norm):
         if has_meaningful(part):
             if not _phrase_is_small_talk(part):
                 return False
@@ -144,10 +150,24 @@ def is_small_talk(text: str) -> bool:
     return seen
 
 
+def _parts(norm: str) -> Iterator[str]:
+    """_SPLIT_SMALL_TALK_RE.split(norm), one part at a time: is_small_talk stops at a long turn's first
+    part that is no small talk, without splitting the rest."""
+    start = 0
+    for m in _SPLIT_SMALL_TALK_RE.finditer(norm):
+        yield norm[start:m.start()]
+        start = m.end()
+    yield norm[start:]
+
+
 def _phrase_is_small_talk(phrase: str) -> bool:
-    core = _NOT_PHRASE_RE.sub("", phrase).strip()
     # Collapsing repeats keeps every distinct character: a core with more of them than the longest
-    # phrase has is none of the phrases, however its repeats collapse.
+    # phrase has is none of the phrases, however its repeats collapse. Characters are dropped one by
+    # one, so the head's core is the core's head: a long turn is told apart from its first characters.
+    head = _NOT_PHRASE_RE.sub("", phrase[:_HEAD_CHARS])
+    if len(set(head.replace(" ", ""))) > _LONGEST_SMALL_TALK:
+        return False
+    core = _NOT_PHRASE_RE.sub("", phrase).strip()
     if len(set(core)) > _LONGEST_SMALL_TALK:
         return False
     return (
@@ -159,7 +179,7 @@ def _phrase_is_small_talk(phrase: str) -> bool:
 
 def is_low_information(text: str) -> bool:
     """Small talk, emoji-only, or fewer than 3 meaningful characters."""
-    return meaningful_chars(text) < 3 or is_small_talk(text)
+    return not has_meaningful(text, 3) or is_small_talk(text)
 
 
 # --------------------------------------------------------------------------- entities

@@ -1,4 +1,8 @@
+import unicodedata
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sidecar.memory.extract import MemoryCandidate, RuleBasedExtractor
 from sidecar.memory.filters import (
@@ -7,7 +11,16 @@ from sidecar.memory.filters import (
     near_duplicate,
     normalize_for_dedup,
 )
-from sidecar.textmodel import _LONGEST_SMALL_TALK, _NOT_PHRASE_RE, Turn, is_small_talk, meaningful_chars
+from sidecar.textmodel import (
+    _LONGEST_SMALL_TALK,
+    _NOT_PHRASE_RE,
+    _REPEAT_RE,
+    _SMALL_TALK,
+    _SPLIT_SMALL_TALK_RE,
+    Turn,
+    is_small_talk,
+    meaningful_chars,
+)
 
 
 def cand(content: str, confidence: float = 0.9, ids: list[str] | None = None) -> MemoryCandidate:
@@ -145,3 +158,32 @@ def test_normalize_for_dedup() -> None:
 def test_near_duplicate(a: str, b: str, dup: bool) -> None:
     assert near_duplicate(a, b) is dup
     assert near_duplicate(b, a) is dup
+
+
+def _small_talk_as_specified(text: str) -> bool:
+    """is_small_talk read literally, the whole text at every step (what the early exits must equal)."""
+    norm = unicodedata.normalize("NFKC", text).lower().strip()
+    if not norm or meaningful_chars(norm) == 0:
+        return True
+
+    def phrase(p: str) -> bool:
+        core = _NOT_PHRASE_RE.sub("", p).strip()
+        return any(form in _SMALL_TALK for form in (core, _REPEAT_RE.sub(r"\1", core), _REPEAT_RE.sub(r"\1\1", core)))
+
+    if phrase(norm):
+        return True
+    parts = [p for p in _SPLIT_SMALL_TALK_RE.split(norm) if meaningful_chars(p)]
+    return bool(parts) and all(phrase(p) for p in parts)
+
+
+_PIECES = st.sampled_from(sorted(_SMALL_TALK) + ["deploy", "prod", "a", "z", "哈", "👍", "_", " ", ", ", "!", "\n",
+                                                  "…", "ＯＫ", "ｏｋ", "kk", "o", "k", "。", "-", "1"])
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(_PIECES, max_size=40).map("".join) | st.text(max_size=120)
+       | st.tuples(_PIECES, st.integers(1, 200)).map(lambda p: p[0] * p[1]))
+def test_small_talk_and_low_information_equal_their_whole_text_reading(text: str) -> None:
+    """The early exits (a long turn's head, its first part, its third meaningful character) change no answer."""
+    assert is_small_talk(text) is _small_talk_as_specified(text)
+    assert is_low_information(text) is (meaningful_chars(text) < 3 or _small_talk_as_specified(text))

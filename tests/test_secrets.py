@@ -406,3 +406,24 @@ def test_mask_also_masks_what_masking_brings_to_light() -> None:
     out, masked = mask(text)
     assert [text[m.start : m.end] for m in masked] == ["-pXy7Kp2Qm9Zr4Tn8Wv3Lb", "u:"]
     assert mask(out)[0] is out
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_NOISE), max_size=40).map("".join))
+def test_a_text_known_clean_answers_as_a_fresh_scan(text: str) -> None:
+    """contains_secret keeps the digests of texts found clean (by it or by mask): a text masked at ingest
+    and checked again by its after-turn job is a lookup, and no answer changes."""
+    once, _ = mask(text)
+    assert detector._digest(once) in detector._CLEAN  # what mask returns holds nothing left to mask
+    assert contains_secret(once) is False is bool(detector.find_secrets(once))
+    assert contains_secret(text) is bool(detector.find_secrets(text))
+    assert (detector._digest(text) in detector._CLEAN) is (not detector.find_secrets(text))
+
+
+def test_the_known_clean_texts_are_bounded(monkeypatch) -> None:
+    monkeypatch.setattr(detector, "_CLEAN", {})
+    monkeypatch.setattr(detector, "_CLEAN_MAX", 3)
+    for n in range(5):
+        assert not contains_secret(f"clean text {n}")
+    assert len(detector._CLEAN) == 2  # cleared when full, then filled again
+    assert contains_secret(f"password: Hunter2-7741 {GITHUB_TOKEN}") and len(detector._CLEAN) == 2
