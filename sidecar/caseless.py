@@ -11,6 +11,8 @@ import re._constants as _c  # sre's parse-tree opcodes
 import re._parser as _parser
 from collections.abc import Iterator
 
+from sidecar.literal_gate import TO_ASCII, necessary_literals
+
 
 class CaselessPattern:
     def __init__(self, rx: re.Pattern[str]) -> None:
@@ -22,6 +24,10 @@ class CaselessPattern:
             raise ValueError(f"pattern holds letters lowered text may not match: {cased[:5]}")
         self.rx = rx
         self._cased = re.compile(rx.pattern, rx.flags & ~re.IGNORECASE)
+        # found() asks each top-level alternative behind its literal gate: re tries every alternative at
+        # every position, so a long text most alternatives' literals are absent from is read far faster.
+        self._gated = [(necessary_literals(re.compile(a, rx.flags)), re.compile(a, rx.flags),
+                        re.compile(a, rx.flags & ~re.IGNORECASE)) for a in alternatives(rx)]
 
     def finditer(self, text: str) -> Iterator[re.Match[str]]:
         """rx.finditer(text); on ASCII text the matches are of the lowered text (same positions)."""
@@ -29,7 +35,36 @@ class CaselessPattern:
 
     def found(self, text: str) -> bool:
         """Whether rx.search(text) finds a match."""
-        return (self._cased.search(text.lower()) if text.isascii() else self.rx.search(text)) is not None
+        ascii_ = text.isascii()
+        low = text.lower() if ascii_ else text.translate(TO_ASCII).lower()  # what a gate reads (literal_gate)
+        return any((gate is None or any(lit in low for lit in gate))
+                   and (cased.search(low) if ascii_ else folding.search(text)) is not None
+                   for gate, folding, cased in self._gated)
+
+
+def alternatives(rx: re.Pattern[str]) -> list[str]:
+    """The pattern's top-level alternatives ("a|(b|c)|d" -> a, (b|c), d): split at each "|" outside
+    groups and character sets; the pattern whole when the split does not parse as it does."""
+    parts, depth, in_set, escaped, start, set_start = [], 0, False, False, 0, 0
+    source = rx.pattern
+    for i, ch in enumerate(source):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif in_set:
+            in_set = not (ch == "]" and i > set_start)  # a set's first "]" is one of its characters
+        elif ch == "[":
+            in_set, set_start = True, i + 1 + (source[i + 1:i + 2] == "^")
+        elif ch in "()":
+            depth += 1 if ch == "(" else -1
+        elif ch == "|" and depth == 0:
+            parts.append(source[start:i])
+            start = i + 1
+    parts.append(source[start:])
+    tree = _parser.parse(source, rx.flags)
+    top = len(tree.data[0][1][1]) if len(tree.data) == 1 and tree.data[0][0] is _c.BRANCH else 1
+    return parts if len(parts) == top else [source]
 
 
 def _characters(items) -> Iterator[str]:

@@ -16,7 +16,7 @@ import re._parser as _parser
 
 # Every non-ASCII character that an IGNORECASE pattern matches as an ASCII letter (tests check the
 # whole of Unicode), with the letter it matches.
-_TO_ASCII = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
+TO_ASCII = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
 _ZERO_WIDTH = (_c.AT, _c.ASSERT, _c.ASSERT_NOT)
 _REPEATS = (_c.MAX_REPEAT, _c.MIN_REPEAT, _c.POSSESSIVE_REPEAT)
 
@@ -94,7 +94,7 @@ class GatedPattern:
         if self.literals is None:
             return True
         if self._icase:
-            text = text.lower() if text.isascii() else text.translate(_TO_ASCII).lower()
+            text = text.lower() if text.isascii() else text.translate(TO_ASCII).lower()
         return any(lit in text for lit in self.literals)
 
     def search(self, text: str) -> re.Match[str] | None:

@@ -6,16 +6,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.caseless import CaselessPattern
+from sidecar.caseless import CaselessPattern, alternatives
 from sidecar.memory.episodic.priors import _PERSON_RE
 from sidecar.memory.extract import _ANY_CUE_RE, _EPISODE_CUE_RE
 
-PATTERNS = [_ANY_CUE_RE, _EPISODE_CUE_RE, _PERSON_RE]
+# Besides the patterns in use, one whose "|" sit inside sets, escapes and groups.
+TRICKY = re.compile(r"\bprefer\b|[]|]like|our\|team|(?:usually|every)\s+morning|[^]|a-z]?out\b|k", re.I)
+PATTERNS = [_ANY_CUE_RE, _EPISODE_CUE_RE, _PERSON_RE, TRICKY]
 # Texts made of the patterns' own words in any case, beside what folds oddly (dotless i, long s,
 # the Kelvin sign), CJK cues and emoji.
 WORDS = st.sampled_from(["I", "i'm", "We", "YOU", "your", "prefer", "Like", "usually", "Every", "morning", "our",
                          "team", "owns", "Incident", "outage", "SEV-1", "p1", "paged", "root", "cause", "Fixed",
-                         "by", "turned", "out", "ı", "ſ", "K", "\u212a", "故障", "我习惯", "以后", "😀", "'", "-",
+                         "by", "turned", "out", "]like", "|", "our|team", "]out", "ı", "ſ", "K", "\u212a", "故障", "我习惯", "以后", "😀", "'", "-",
                          " ", "  ", "\n", ".", "?"])
 TEXTS = st.lists(WORDS, max_size=30).map(" ".join) | st.text(max_size=60)
 
@@ -39,3 +41,11 @@ def test_a_pattern_with_a_letter_lowering_could_miss_is_refused(pattern):
 def test_a_pattern_that_ignores_no_case_is_refused():
     with pytest.raises(ValueError):
         CaselessPattern(re.compile("foo"))
+
+
+def test_found_asks_each_top_level_alternative_behind_its_gate():
+    assert alternatives(TRICKY) == [r"\bprefer\b", "[]|]like", r"our\|team", r"(?:usually|every)\s+morning",
+                                    r"[^]|a-z]?out\b", "k"]
+    assert len(alternatives(_ANY_CUE_RE)) > 40 and "|".join(alternatives(_ANY_CUE_RE)) == _ANY_CUE_RE.pattern
+    # A split that would not parse as the pattern does (re factors out a common prefix) keeps it whole.
+    assert alternatives(re.compile("ab|ac", re.I)) == ["ab|ac"] and alternatives(_PERSON_RE) == [_PERSON_RE.pattern]
