@@ -44,7 +44,8 @@ class CaselessPattern:
 
 def alternatives(rx: re.Pattern[str]) -> list[str]:
     """The pattern's top-level alternatives ("a|(b|c)|d" -> a, (b|c), d): split at each "|" outside
-    groups and character sets; the pattern whole when the split does not parse as it does."""
+    groups and character sets; the pattern whole when the split does not parse as it does or an
+    alternative does not compile alone."""
     parts, depth, in_set, escaped, start, set_start = [], 0, False, False, 0, 0
     source = rx.pattern
     for i, ch in enumerate(source):
@@ -64,6 +65,11 @@ def alternatives(rx: re.Pattern[str]) -> list[str]:
     parts.append(source[start:])
     tree = _parser.parse(source, rx.flags)
     top = len(tree.data[0][1][1]) if len(tree.data) == 1 and tree.data[0][0] is _c.BRANCH else 1
+    try:  # an alternative alone may not compile (a back-reference to a group of another)
+        for part in parts:
+            re.compile(part, rx.flags)
+    except re.error:
+        return [source]
     return parts if len(parts) == top else [source]
 
 

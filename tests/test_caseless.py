@@ -49,3 +49,4 @@ def test_found_asks_each_top_level_alternative_behind_its_gate():
     assert len(alternatives(_ANY_CUE_RE)) > 40 and "|".join(alternatives(_ANY_CUE_RE)) == _ANY_CUE_RE.pattern
     # A split that would not parse as the pattern does (re factors out a common prefix) keeps it whole.
     assert alternatives(re.compile("ab|ac", re.I)) == ["ab|ac"] and alternatives(_PERSON_RE) == [_PERSON_RE.pattern]
+    assert alternatives(re.compile(r"(x)y|z\1", re.I)) == [r"(x)y|z\1"]  # "z\1" alone refers to no group
