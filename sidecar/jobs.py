@@ -125,8 +125,7 @@ class JobWorker:
     def wait(self, scope: Scope, job_ids: Sequence[str], timeout_s: float) -> tuple[list[Job], bool]:
         deadline = time.monotonic() + timeout_s
         while True:
-            jobs = ([j for j in (self.store.get_job(scope, i) for i in job_ids) if j is not None] if job_ids
-                    else self.store.unfinished_jobs(scope))
+            jobs = self.store.get_jobs(scope, job_ids) if job_ids else self.store.unfinished_jobs(scope)
             done = all(j.status in (JobStatus.DONE, JobStatus.FAILED) for j in jobs)
             left = deadline - time.monotonic()
             if done or left <= 0:

@@ -152,8 +152,9 @@ class ContextServicer(pb_grpc.ContextServiceServicer):
             check_id(jid, f"job_ids[{i}]")
         if request.timeout_ms < 0 or request.timeout_ms > 120_000:
             raise InvalidArgument(f"timeout_ms must be 0-120000 (got {request.timeout_ms})")
+        known = {j.job_id for j in self.app.store.get_jobs(scope, list(request.job_ids))}
         for i, jid in enumerate(request.job_ids):  # an unknown job is never "finished"
-            if self.app.store.get_job(scope, jid) is None:
+            if jid not in known:
                 raise NotFound(f"job_ids[{i}] {jid!r} not found for this tenant and user")
         jobs, done = self.app.worker.wait(scope, list(request.job_ids), (request.timeout_ms or 10_000) / 1000)
         return pb.WaitForJobsResponse(jobs=[convert.job(j) for j in jobs], all_finished=done)

@@ -109,3 +109,17 @@ def test_wait_for_unknown_jobs_is_not_found(stub, scope, ids):
                       grpc.StatusCode.NOT_FOUND, "job_ids[0]")
     else:  # no ids: every unfinished job of the scope, none here
         assert stub.WaitForJobs(pb.WaitForJobsRequest(scope=scope, timeout_ms=10)).all_finished
+
+
+def test_wait_for_several_jobs_answers_in_the_order_asked(stub, scope, session_id):
+    """The ids are read in one query: every job once per id asked, in that order; one unknown id is named."""
+    msgs = stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id=session_id, messages=[
+        pb.NewMessage(role=pb.ROLE_USER, text="From now on I prefer short answers.")])).messages
+    ids = list(stub.CommitTurn(pb.CommitTurnRequest(scope=scope, session_id=session_id,
+                                                    message_ids=[m.message_id for m in msgs])).job_ids)
+    assert len(ids) >= 2
+    asked = [*ids[::-1], ids[0]]
+    done = stub.WaitForJobs(pb.WaitForJobsRequest(scope=scope, job_ids=asked, timeout_ms=30000))
+    assert done.all_finished and [j.job_id for j in done.jobs] == asked
+    expect_status(lambda: stub.WaitForJobs(pb.WaitForJobsRequest(scope=scope, job_ids=[ids[0], "job_unknown"])),
+                  grpc.StatusCode.NOT_FOUND, "job_ids[1]")

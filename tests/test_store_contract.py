@@ -423,6 +423,11 @@ def test_jobs_queue(backend, scope):
     assert j1 == job(scope, f"{scope.tenant_id}-j1", created=10)
     assert backend.get_job(other, f"{scope.tenant_id}-j1") is None  # scoped
     assert [j.job_id for j in backend.unfinished_jobs(scope)] == [f"{scope.tenant_id}-j1", f"{scope.tenant_id}-j2"]
+    # Several at once, in the order asked (once per id asked); another user's and unknown ids left out.
+    asked = [f"{scope.tenant_id}-j2", f"{scope.tenant_id}-j3", "nope", f"{scope.tenant_id}-j1", f"{scope.tenant_id}-j2"]
+    assert backend.get_jobs(scope, asked) == [backend.get_job(scope, asked[i]) for i in (0, 3, 4)]
+    assert backend.get_jobs(other, asked) == [backend.get_job(other, f"{scope.tenant_id}-j3")]
+    assert backend.get_jobs(scope, []) == []
 
     claimed = backend.claim_job(now_ms=500)  # oldest first, across users
     assert claimed.job_id == f"{scope.tenant_id}-j1"

@@ -100,6 +100,12 @@ def run_from(r: tuple, checkpoints: int) -> Run:
                created_at_ms=r[5], updated_at_ms=r[6], checkpoint_count=checkpoints)
 
 
+def in_order(job_ids: Sequence[str], jobs: Sequence[Job]) -> list[Job]:
+    """`jobs` (rows read for these ids) in the order of the ids asked for, once per id asked (get_jobs)."""
+    by_id = {j.job_id: j for j in jobs}
+    return [by_id[i] for i in job_ids if i in by_id]
+
+
 def job_from(r: tuple) -> Job:
     return Job(job_id=r[0], tenant_id=r[1], user_id=r[2], kind=r[3], payload=json.loads(r[4]),
                status=JobStatus(r[5]), attempts=r[6], error=r[7], done_items=r[8], total_items=r[9],
