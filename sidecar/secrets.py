@@ -650,11 +650,12 @@ def _merge(spans: list[SecretSpan]) -> list[SecretSpan]:
 
 
 def contains_secret(text: str) -> bool:
-    if _digest(text) in _CLEAN:
+    digest = _digest(text)
+    if digest in _CLEAN:
         return False
     found = bool(find_secrets(text))
     if not found:
-        _known_clean(text)
+        _known_clean(digest)
     return found
 
 
@@ -669,10 +670,10 @@ def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-def _known_clean(text: str) -> None:
+def _known_clean(digest: bytes) -> None:
     if len(_CLEAN) >= _CLEAN_MAX:
         _CLEAN.clear()
-    _CLEAN[_digest(text)] = None
+    _CLEAN[digest] = None
 
 
 def mask(text: str) -> tuple[str, list[Masked]]:
@@ -682,7 +683,7 @@ def mask(text: str) -> tuple[str, list[Masked]]:
     itself. The masked text holds nothing left to mask, so masking it again changes nothing."""
     spans = find_secrets(text)
     if not spans:
-        _known_clean(text)
+        _known_clean(_digest(text))
         return text, []
     last = max((int(m.group(2)) for m in PLACEHOLDER_RE.finditer(text)), default=0)
     for _ in range(_MASK_ROUNDS):
@@ -697,7 +698,7 @@ def mask(text: str) -> tuple[str, list[Masked]]:
         # mask what the masked text still shows too, at its place in the original.
         more = find_secrets(out)
         if not more:
-            _known_clean(out)
+            _known_clean(_digest(out))
             break
         spans = _merge(spans + _in_original(masked, more))
     return out, masked
