@@ -11,7 +11,7 @@ import re._constants as _c  # sre's parse-tree opcodes
 import re._parser as _parser
 from collections.abc import Iterator
 
-from sidecar.literal_gate import TO_ASCII, necessary_literals
+from sidecar.literal_gate import folded, necessary_literals
 
 
 class CaselessPattern:
@@ -35,8 +35,7 @@ class CaselessPattern:
 
     def found(self, text: str) -> bool:
         """Whether rx.search(text) finds a match."""
-        ascii_ = text.isascii()
-        low = text.lower() if ascii_ else text.translate(TO_ASCII).lower()  # what a gate reads (literal_gate)
+        ascii_, low = text.isascii(), folded(text)  # on ASCII text, also what the cased alternatives read
         return any((gate is None or any(lit in low for lit in gate))
                    and (cased.search(low) if ascii_ else folding.search(text)) is not None
                    for gate, folding, cased in self._gated)

@@ -16,7 +16,7 @@ import re._parser as _parser
 
 # Every non-ASCII character that an IGNORECASE pattern matches as an ASCII letter (tests check the
 # whole of Unicode), with the letter it matches.
-TO_ASCII = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
+_TO_ASCII = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
 _ZERO_WIDTH = (_c.AT, _c.ASSERT, _c.ASSERT_NOT)
 _REPEATS = (_c.MAX_REPEAT, _c.MIN_REPEAT, _c.POSSESSIVE_REPEAT)
 
@@ -82,6 +82,12 @@ def _needs(items, icase: bool) -> frozenset[str] | None:
     return best
 
 
+def folded(text: str) -> str:
+    """What an IGNORECASE pattern's gate reads: the text lowered, with the non-ASCII characters that
+    match an ASCII letter mapped to it."""
+    return text.lower() if text.isascii() else text.translate(_TO_ASCII).lower()
+
+
 class GatedPattern:
     """`rx` with its literal gate: search() answers as rx.search() does."""
 
@@ -94,7 +100,7 @@ class GatedPattern:
         if self.literals is None:
             return True
         if self._icase:
-            text = text.lower() if text.isascii() else text.translate(TO_ASCII).lower()
+            text = folded(text)
         return any(lit in text for lit in self.literals)
 
     def search(self, text: str) -> re.Match[str] | None:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar.compress import constraints
-from sidecar.literal_gate import TO_ASCII, GatedPattern, necessary_literals
+from sidecar.literal_gate import _TO_ASCII, GatedPattern, necessary_literals
 from sidecar.memory import extract
 
 GUARDED = {
@@ -28,8 +28,8 @@ AWKWARD = [re.compile(p, f) for p, f in [
 
 def test_the_letters_ignorecase_matches_outside_ascii_are_all_mapped():
     beyond = {chr(i) for i in range(128, sys.maxunicode + 1) if re.match("[a-z]", chr(i), re.I)}
-    assert beyond == {chr(k) for k in TO_ASCII}
-    for ch, letter in TO_ASCII.items():
+    assert beyond == {chr(k) for k in _TO_ASCII}
+    for ch, letter in _TO_ASCII.items():
         assert re.fullmatch(letter, chr(ch), re.I)
 
 
