@@ -357,6 +357,17 @@ def turn_position(dia_id: str) -> tuple[int, int]:
     return int(session[1:]), int(turn)
 
 
+def passages_of(resp, by_message: dict[str, str], whole_lines: dict[str, str]) -> set[str]:
+    """Turns (dia_ids) packed as a passage (their item's text holds less than the whole line) and not
+    also whole."""
+    cut, whole = set(), set()
+    for it in (it for s in resp.sections for it in s.items if it.source.startswith("message:")):
+        d = by_message.get(it.source[len("message:"):])
+        if d in whole_lines:
+            (whole if whole_lines[d] in it.text else cut).add(d)
+    return cut - whole
+
+
 def evidence_scores(items: Iterable, by_message: dict[str, str],
                     memory_share: dict[str, float] | None = None) -> dict[str, float]:
     """Evidence turns in the context: turn (dia_id) -> the best score of an item holding it (the turn,
@@ -550,6 +561,7 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
     first_calls: list[float] = []
     repeat_calls: list[float] = []
     mem = {b: {"tokens": 0.0, "items": 0.0, "evidence_only_via_memory": 0.0} for b in budgets}
+    passages = {b: [0, 0] for b in budgets}  # evidence turns packed as a passage, evidence turns packed
     stages: dict[str, list[int]] = defaultdict(list)  # server-side microseconds per stage (debug calls, untimed)
     ingest_s, ingested = 0.0, 0
     issues: dict[str, list[str]] = defaultdict(list)
@@ -567,6 +579,7 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
         scope = user_of(conv)
         sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope, session_id="eval")).session_id
         packer = Packer(conv)
+        whole_lines = dict(zip((t.dia_id for t in packer.turns), packer.lines, strict=True))
         bm25 = TurnBM25(packer.lines)
         session_of = conv.session_of()
         recent = {b: packer.recency(b) for b in budgets}
@@ -585,6 +598,9 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
                 direct = {by_message.get(it.source[len("message:"):], "") for s in resp.sections for it in s.items
                           if it.source.startswith("message:")}
                 mem[b]["evidence_only_via_memory"] += sum(1 for e in q.evidence if e in via and e not in direct)
+                cut = passages_of(resp, by_message, whole_lines)
+                passages[b][0] += sum(1 for e in q.evidence if e in cut)
+                passages[b][1] += sum(1 for e in q.evidence if e in present)
                 for method, ids in (("ours", present), ("recency", recent[b]), ("bm25", packer.pack(ranked, b))):
                     board.add(method, conv, q, b, ids, session_of)
                 board.add_update_order(q, b, scores)
@@ -604,6 +620,10 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
         **board.summary(budgets),
         # Per question: mean tokens and items of extracted memories, evidence turns found only through them.
         "memories_per_question": {str(b): {k: round(v / questions, 3) for k, v in mem[b].items()} for b in budgets},
+        # Evidence turns in the context as a passage of a long turn (sidecar/memory/episodic/passages.py),
+        # and their share of the evidence turns in it.
+        "evidence_as_passage": {str(b): {"turns": cut, "share": round(cut / max(found, 1), 4)}
+                                for b, (cut, found) in passages.items()},
         "ingest_s": round(ingest_s, 2),
         "ingested_turns": ingested,
         "ingest_turns_per_s": round(ingested / ingest_s, 1) if ingest_s else 0.0,
@@ -877,6 +897,10 @@ def run_notes(figures: dict) -> list[str]:
               + ", ".join(f"{int(b) // 1000}k {v['tokens']:.0f} tok / {v['items']:.1f} items / "
                           f"{v['evidence_only_via_memory']:.3f}" for b, v in _by_budget(figures["memories_per_question"]))
               + ".",
+              "Evidence turns in the context as a passage of a long turn (the run of its sentences about the "
+              "question, when the whole turn is over an eighth of the budget), and their share of those in it: "
+              + ", ".join(f"{int(b) // 1000}k {v['turns']} ({100 * v['share']:.1f} %)"
+                          for b, v in _by_budget(figures.get("evidence_as_passage", {}))) + ".",
               f"Evidence ids repaired or unmatched, data issues: {figures['evidence_issues']}.",
               f"Machine speed (bench/fastpath_bench.py's yardstick, the pure-Python reference select on 700 fixed "
               f"candidates; higher is slower): {figures['yardstick_ms']['start']} ms before the run, "

@@ -94,7 +94,8 @@ def count_line(text: str) -> int:
     text and adding one would charge a token too many. A text ending in blanks can cost more without
     its newline (":\\r" is two tokens, ":\\r\\n" one), and a section's last line goes out without
     one: the larger count is charged, so such lines are never charged less than they cost."""
-    return max(count_tokens(text + "\n"), count_tokens(text))
+    alone = count_tokens(text)
+    return max(count_with_newline(text, alone), alone)
 
 
 def count_lines(texts: list[str], counted: Sequence[int] | None = None) -> list[int]:

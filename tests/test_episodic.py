@@ -903,6 +903,37 @@ def test_a_newer_telling_scores_first_in_the_built_context(running, user):
     assert denver > boston
 
 
+def test_a_long_turn_is_packed_as_its_best_passage_under_a_small_budget(running, user):
+    """Over gRPC: a long answer recalled under a small budget is packed as the run of its sentences
+    about the question, naming the whole message; under a large one it is packed whole."""
+    from sidecar.tokens import count_tokens
+
+    script = " ".join([*(f"Scene {i}: the crew walks across set number {i} and talks about the lights." for i in range(60)),
+                       "Andy enters wearing a bright yellow raincoat and rubber boots.",
+                       *(f"Scene {i}: the camera pans over prop table {i} in silence." for i in range(60, 120))])
+    sid = running.stub.CreateSession(pb.CreateSessionRequest(scope=user)).session_id
+    msgs = [pb.NewMessage(role=pb.ROLE_USER, text="Write me a comedy script please.", client_timestamp_ms=MAY_8),
+            pb.NewMessage(role=pb.ROLE_ASSISTANT, text=script, client_timestamp_ms=MAY_8 + 1000)]
+    long_id = running.stub.AppendMessages(pb.AppendMessagesRequest(scope=user, session_id=sid, messages=msgs)
+                                          ).messages[1].message_id
+    new_sid = running.stub.CreateSession(pb.CreateSessionRequest(scope=user)).session_id
+    whole_tokens = count_tokens("assistant: " + script)
+    for memories, cut in ((800, True), (20_000, False)):
+        resp = running.stub.BuildContext(pb.BuildContextRequest(
+            scope=user, session_id=new_sid, query="What was Andy wearing in the script you wrote?",
+            budget=pb.Budget(max_input=memories + 400, reserved_for_output=0, memories=memories, recent_messages=0,
+                             flow_unused=False)))
+        item = next(it for s in resp.sections for it in s.items if it.source == f"message:{long_id}")
+        assert list(item.source_message_ids) == [long_id]
+        assert item.tokens == count_tokens(item.text + "\n")
+        assert "Andy enters wearing a bright yellow raincoat" in item.text
+        if cut:
+            assert item.text.startswith("assistant: … ") and item.text.endswith(" …")
+            assert item.tokens <= memories * 0.125 * 1.2 < whole_tokens
+        else:
+            assert item.text == "assistant: " + script
+
+
 @settings(max_examples=1000, deadline=None)
 @given(st.text(st.sampled_from(list("iI'mMyYoOuUrRwWeEsS .!?\"\n\tAbcL-_1ıİſK\u212aé")), max_size=60)
        | st.text(max_size=40))

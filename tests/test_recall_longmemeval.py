@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from sidecar.api import context_service_pb2 as pb
 from sidecar.api import context_service_pb2_grpc as pb_grpc
 from sidecar.domain import Role
 from sidecar.server import build_server
@@ -192,3 +193,19 @@ def test_knowledge_updates_count_the_newest_telling_scored_first():
     assert out["update_newer_first"] == {"1000": 0.0, "2000": 0.0, "4000": 1.0}
     assert out["update_pairs"] == {"1000": 0, "2000": 1, "4000": 1}
     assert recall.turn_position("S12:1") > recall.turn_position("S9:3") > recall.turn_position("S2:1")
+
+
+def test_evidence_packed_as_a_passage_is_told_from_evidence_packed_whole():
+    whole = {"S1:1": "assistant: A long answer. The part asked about. More of it.", "S1:2": "user: Short."}
+    by_message = {"m1": "S1:1", "m2": "S1:2"}
+
+    def response(*texts_by_id):
+        items = [pb.ContextItem(source=f"message:{m}", text=t, source_message_ids=[m]) for m, t in texts_by_id]
+        return pb.BuildContextResponse(sections=[pb.Section(items=items)])
+
+    cut = response(("m1", "assistant: … The part asked about. …"), ("m2", "user: Short."))
+    assert recall.passages_of(cut, by_message, whole) == {"S1:1"}
+    marked = response(("m1", "[superseded on 8 May 2023 by: x] " + whole["S1:1"]))
+    assert recall.passages_of(marked, by_message, whole) == set()  # the whole turn, marked
+    assert recall.passages_of(response(("m1", "assistant: … The part …"), ("m1", whole["S1:1"])), by_message,
+                              whole) == set()

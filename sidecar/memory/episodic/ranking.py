@@ -74,6 +74,10 @@ class Ranking:
     update_min: float = 0.5  # the newer must score at least this share of the older (0: off)
     update_cover: float = 0.5  # ... and say this share of the older's query terms, weighed by idf
     update_window: int = 32  # the packed turns compared: the most relevant this many
+    # Long turns (passages.py): a turn longer than this share of the recall budget is packed as its
+    # best passage, that long (0: whole turns only).
+    passage_share: float = 0.125
+    passage_min: int = 96  # ... never cut below this many tokens
     # Candidates handed to the builder.
     candidate_factor: float = 1.6  # return turns worth this multiple of the category budget
     max_candidates: int = 600  # rows kept per ranking at most

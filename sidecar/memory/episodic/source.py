@@ -5,6 +5,7 @@ restored through snapshots, dropped on forget; and turns a query's ranking into 
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -30,6 +31,7 @@ from sidecar.memory.episodic.cache import _RankedCache
 from sidecar.memory.episodic.dates import date_label, query_days
 from sidecar.memory.episodic.expansion import CONCEPTS, _stem_vectors, concept_rows, precompute_similar
 from sidecar.memory.episodic.index import INDEXED_ROLES, _pick, _UserIndex
+from sidecar.memory.episodic.passages import best_passage, passage_cap
 from sidecar.memory.episodic.ranking import DEFAULT_RANKING, MODEL_RANKING, Ranking, _index_knobs
 from sidecar.memory.episodic.relative_dates import relative_spans
 from sidecar.memory.episodic.scoring import _best_first
@@ -362,8 +364,10 @@ class EpisodicSource:
         order, best = ranked
         if not len(order):
             return state, *empty
-        # Keep only as many turns as could be packed (with slack for dedup and other categories).
-        cum = np.cumsum(state.tokens[order])
+        # Keep only as many turns as could be packed (with slack for dedup and other categories); a
+        # long turn is packed as its passage, no longer than the cap.
+        cap = passage_cap(budget_tokens, r.passage_share, r.passage_min)
+        cum = np.cumsum(np.minimum(state.tokens[order], cap) if cap else state.tokens[order])
         keep = int(np.searchsorted(cum, max(budget_tokens, 1) * r.candidate_factor, side="right")) + 1
         return state, order[:keep], best[:keep] / best[0]
 
@@ -415,6 +419,9 @@ class EpisodicSource:
         batch.age_s = age
         batch.exact_keys = state.exact[rows]
         batch.simhashes = state.simhash[rows]
+        cap = passage_cap(budget, self.ranking.passage_share, self.ranking.passage_min)
+        if cap and int(batch.tokens.max()) > cap:
+            self._cut_long(state, batch, row_list, inp.query, budget, cap)
         marks = self.superseded_turns(inp.scope) if self.superseded_turns is not None else {}
         if marks:
             _mark_superseded(state, batch, row_list, marks)
@@ -429,6 +436,31 @@ class EpisodicSource:
             batch.tokens = np.array([inp.counter.line(t) for t in batch.texts], np.int32)
             batch.bodies = None  # the builder encodes the packed ones with these counts
         return [batch]
+
+    def _cut_long(self, state: _UserIndex, batch: CandidateBatch, rows: list[int], query: str, budget: int,
+                  cap: int) -> None:
+        """The turns longer than the cap packed as their best passage (passages.py), the query's terms
+        weighed by their idf among the user's turns."""
+        r = self.ranking
+        # Only turns that could be packed: those starting within the budget, counted with their passages
+        # (a turn further down is packed only where dedup frees room; it stays whole).
+        toks = np.asarray(batch.tokens)
+        ahead = np.cumsum(np.minimum(toks, cap)) - np.minimum(toks, cap)
+        long = np.flatnonzero((toks > cap) & (ahead < budget)).tolist()
+        with self._lock:  # the index's term arrays and kept pieces are read (and cached) under the source's lock
+            n = len(state)
+            weight = {}
+            for t in set(state.query_terms(query, r)[0]):
+                if (arrays := state._arrays(t)) is not None:
+                    df = len(arrays[0])
+                    weight[t] = math.log1p((n - df + 0.5) / (df + 0.5))
+            cuts = [(j, best_passage(batch.texts[j], int(batch.tokens[j]), cap, weight,
+                                     partial(state.pieces, rows[j]))) for j in long]
+        texts, bodies, toks = list(batch.texts), list(batch.bodies), np.array(batch.tokens, np.int32)
+        for j, cut in cuts:
+            if cut is not None:
+                texts[j], toks[j], bodies[j] = cut, *_item_of(state, rows[j], cut)
+        batch.texts, batch.bodies, batch.tokens = texts, bodies, toks
 
     @staticmethod
     def _day_headers(state: _UserIndex, batch: CandidateBatch, rows: np.ndarray) -> list[ItemMeta]:
@@ -473,11 +505,16 @@ def _mark_superseded(state: _UserIndex, batch: CandidateBatch, rows: list[int],
         mark = marks[ids[j]]
         current = [relevance[at[i]] for i in mark.current_sources if i in at]
         relevance[j] = min([relevance[j] * 0.5, *(0.99 * c for c in current)])
-        texts[j] = f"[superseded on {date_label(mark.at_ms)[1:-1]} by: {mark.by}] {state.texts[row]}"
-        toks[j] = count_line(texts[j])
-        bodies[j] = fastpath.encode_item(state.sources[row], Category.MEMORIES, int(toks[j]), texts[j],
-                                         int(state.roles[row]), int(state.timestamps[row]), (state.ids[row],))
+        texts[j] = f"[superseded on {date_label(mark.at_ms)[1:-1]} by: {mark.by}] {texts[j]}"
+        toks[j], bodies[j] = _item_of(state, row, texts[j])
     batch.relevance, batch.texts, batch.bodies, batch.tokens = relevance, texts, bodies, toks
+
+
+def _item_of(state: _UserIndex, row: int, text: str) -> tuple[int, bytes]:
+    """(tokens, ContextItem bytes) of a turn packed with another text (a passage, a superseded mark)."""
+    tokens = count_line(text)
+    return tokens, fastpath.encode_item(state.sources[row], Category.MEMORIES, tokens, text, int(state.roles[row]),
+                                        int(state.timestamps[row]), (state.ids[row],))
 
 
 def _newer_first(state: _UserIndex, query: str, rows: np.ndarray, headers: int, r: Ranking, lock: threading.Lock,
