@@ -918,7 +918,8 @@ def test_a_long_turn_is_packed_as_its_best_passage_under_a_small_budget(running,
                                           ).messages[1].message_id
     new_sid = running.stub.CreateSession(pb.CreateSessionRequest(scope=user)).session_id
     whole_tokens = count_tokens("assistant: " + script)
-    for memories, cut in ((800, True), (20_000, False)):
+    seen: dict[int, pb.ContextItem] = {}
+    for memories, cut in ((800, True), (800, True), (20_000, False)):  # the same question again: the same item
         resp = running.stub.BuildContext(pb.BuildContextRequest(
             scope=user, session_id=new_sid, query="What was Andy wearing in the script you wrote?",
             budget=pb.Budget(max_input=memories + 400, reserved_for_output=0, memories=memories, recent_messages=0,
@@ -929,6 +930,7 @@ def test_a_long_turn_is_packed_as_its_best_passage_under_a_small_budget(running,
         assert "Andy enters wearing a bright yellow raincoat" in item.text
         if cut:
             assert item.text.startswith("assistant: … ") and item.text.endswith(" …")
+            assert item == seen.setdefault(memories, item)
             assert item.tokens <= memories * 0.125 * 1.2 < whole_tokens
         else:
             assert item.text == "assistant: " + script

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import mmap
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -23,7 +22,6 @@ from sidecar.memory.episodic.columns import StrColumn, StrLookup
 from sidecar.memory.episodic.dates import _day_item, day_number, render_turn, utc_day
 from sidecar.memory.episodic.expansion import QueryExpansion
 from sidecar.memory.episodic.lexical import WindowScoring, _decay
-from sidecar.memory.episodic.passages import split_body
 from sidecar.memory.episodic.priors import Priors, capitalised, voice
 from sidecar.memory.episodic.scoring import Fusion
 from sidecar.memory.episodic.snapshots import pack, unpack
@@ -36,7 +34,6 @@ if TYPE_CHECKING:
 
 INDEXED_ROLES = (Role.USER, Role.ASSISTANT)  # tool output and system text are not conversation memory
 _SERIALS = itertools.count()
-PIECES_KEPT = 256  # long turns whose pieces (passages.analyse) an index keeps
 # Per-row arrays of _UserIndex that a compaction copies as they are (session_of and nbr are renumbered).
 _ROW_ARRAYS = ("codes", "scales", "tokens", "timestamps", "seqs", "roles", "speaker_of", "year_month", "day_of", "position",
                "doc_len", "voice", "proper", "exact", "simhash")
@@ -88,7 +85,6 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
         self._prior_key: tuple | None = None  # (rows, knobs) the cached per-turn prior is for
         self._prior = np.ones(0)
         self._nbr_rows = np.zeros((0, 2 * self.window), np.int32)  # _neighbour_rows(), for this many rows
-        self._pieces: OrderedDict[tuple[int, int], tuple[list[tuple[int, int]], str]] = OrderedDict()  # pieces()
         self.term_df = np.zeros(256, np.int32)  # turns holding each term id
         # Each turn's distinct term ids: term_at[term_ptr[row]:term_ptr[row + 1]].
         self.term_at = np.zeros(4096, np.int32)
@@ -410,19 +406,6 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
                 return None
             arrays = self.arrays[t] = (np.asarray(posting[0], np.int64), np.asarray(posting[1], np.float32))
         return arrays
-
-    def pieces(self, row: int, body: str, most_chars: int) -> tuple[list[tuple[int, int]], str]:
-        """passages.split_body of a long turn's body, kept for the PIECES_KEPT turns last asked for (a
-        turn recalled again, or at another budget, is not split again)."""
-        key = (row, most_chars)
-        got = self._pieces.get(key)
-        if got is None:
-            got = self._pieces[key] = split_body(body, most_chars)
-            if len(self._pieces) > PIECES_KEPT:
-                self._pieces.popitem(last=False)
-        else:
-            self._pieces.move_to_end(key)
-        return got
 
     def _neighbour_rows(self) -> np.ndarray:
         """nbr with "none" (-1) pointing at row n, the sentinel; kept until turns are added."""

@@ -29,8 +29,9 @@ def split_label(text: str) -> int:
 
 
 PIECE_CHARS = 400  # a sentence longer than this (a pasted log, a list without stops) is cut into pieces
-# Where a sentence ends: a line break, blanks after a stop, or just after a CJK stop.
-_BREAK_RE = re.compile(r"\s*\n\s*|(?<=[.!?;])\s+|(?<=[。！？；])\s*")
+# Where a sentence ends: blanks after a stop (the stop kept with its sentence), after a CJK stop, or a
+# line break.
+_BREAK_RE = re.compile(r"([.!?;]+)\s+|([。！？；]+)\s*|\n\s*")
 
 
 def pieces(body: str, most_chars: int) -> list[tuple[int, int]]:
@@ -41,7 +42,12 @@ def pieces(body: str, most_chars: int) -> list[tuple[int, int]]:
     most_chars = max(most_chars, 1)
     start = 0
     for m in itertools.chain(_BREAK_RE.finditer(body), (None,)):
-        end = m.start() if m is not None else len(body.rstrip())
+        if m is None:
+            end = len(body.rstrip())
+        else:
+            end = m.end(1) if m.start(1) >= 0 else m.end(2) if m.start(2) >= 0 else m.start()
+            while end > start and body[end - 1].isspace():  # blanks before a line break
+                end -= 1
         while end - start > most_chars:
             cut = body.rfind(" ", start + 1, start + most_chars + 1)
             cut = cut if cut > start else start + most_chars
@@ -116,19 +122,14 @@ def best_window(sizes: Sequence[int], found: Sequence[set[str]], weight: Mapping
     return best_at
 
 
-Split = Callable[[str, int], tuple[list[tuple[int, int]], str]]
+Split = Callable[[str, int], list[tuple[int, int]]]
 
 
-def split_body(body: str, most_chars: int) -> tuple[list[tuple[int, int]], str]:
-    """(pieces, lowered body): what best_passage reads of a turn, the same for every query."""
-    return pieces(body, most_chars), lowered(body)
-
-
-def best_passage(text: str, tokens: int, cap: int, weight: Mapping[str, float], split: Split = split_body) -> str | None:
+def best_passage(text: str, tokens: int, cap: int, weight: Mapping[str, float], split: Split = pieces) -> str | None:
     """The packed text of a turn of `tokens` tokens under a cap (see the module's docstring), or None
-    when it fits whole. `weight`: the query's terms (stemmed) and their weights; `split`: split_body,
-    or the caller's copy of what it returns. Sizes are estimated from the turn's characters per token;
-    the caller counts the passage it gets."""
+    when it fits whole. `weight`: the query's terms (stemmed) and their weights; `split`: pieces(), or
+    the caller's copy of what it returns. Sizes are estimated from the turn's characters per token; the
+    caller counts the passage it gets."""
     if cap <= 0 or tokens <= cap:
         return None
     label = split_label(text)
@@ -137,10 +138,10 @@ def best_passage(text: str, tokens: int, cap: int, weight: Mapping[str, float], 
     room = int((cap - 2) * per_token) - label  # the label and the two ellipses are packed too
     if room <= 0 or len(body) <= room:
         return None
-    spans, low = split(body, min(room, PIECE_CHARS))
+    spans = split(body, min(room, PIECE_CHARS))
     if not spans:
         return None
-    first, last = best_window([b - a for a, b in spans], found_in(low, spans, weight), weight, room)
+    first, last = best_window([b - a for a, b in spans], found_in(lowered(body), spans, weight), weight, room)
     start, end = spans[first][0], spans[last - 1][1]
     head = ELLIPSIS + " " if start > 0 else ""
     tail = " " + ELLIPSIS if end < len(body.rstrip()) else ""

@@ -31,7 +31,7 @@ from sidecar.memory.episodic.cache import _RankedCache
 from sidecar.memory.episodic.dates import date_label, query_days
 from sidecar.memory.episodic.expansion import CONCEPTS, _stem_vectors, concept_rows, precompute_similar
 from sidecar.memory.episodic.index import INDEXED_ROLES, _pick, _UserIndex
-from sidecar.memory.episodic.passages import best_passage, passage_cap
+from sidecar.memory.episodic.passages import best_passage, passage_cap, pieces
 from sidecar.memory.episodic.ranking import DEFAULT_RANKING, MODEL_RANKING, Ranking, _index_knobs
 from sidecar.memory.episodic.relative_dates import relative_spans
 from sidecar.memory.episodic.scoring import _best_first
@@ -56,6 +56,7 @@ MAX_USERS = 2048  # users kept in memory; an evicted one is rebuilt from rows on
 # users together hold at most MAX_TOTAL_TURNS; the least recently used go first.
 MAX_TURNS_PER_USER = 4096
 MAX_TOTAL_TURNS = 262_144
+PASSAGES_KEPT = 4096  # long turns whose pieces, and passages whose token counts, are kept (passages.py)
 
 
 class EpisodicSource:
@@ -78,6 +79,10 @@ class EpisodicSource:
         self.max_total_turns = max(max_total_turns, self.max_turns_per_user)
         self._users: OrderedDict[tuple[str, str], _UserIndex] = OrderedDict()
         self._ranked = _RankedCache()
+        # Long turns' pieces, (index serial, row, piece size) -> offsets, and passages' token counts,
+        # (index serial, row, length, hash) -> tokens (_cut_long): offsets and counts, never text.
+        self._pieces: OrderedDict[tuple[int, int, int], list[tuple[int, int]]] = OrderedDict()
+        self._passage_tokens: dict[tuple[int, int, int, int], int] = {}
         self._lock = threading.RLock()
         self._closing = threading.Event()
         # Users' indexes saved when they leave memory (evicted, or the process closing) and restored
@@ -455,12 +460,33 @@ class EpisodicSource:
                     df = len(arrays[0])
                     weight[t] = math.log1p((n - df + 0.5) / (df + 0.5))
             cuts = [(j, best_passage(batch.texts[j], int(batch.tokens[j]), cap, weight,
-                                     partial(state.pieces, rows[j]))) for j in long]
+                                     partial(self._pieces_of, state.serial, rows[j]))) for j in long]
         texts, bodies, toks = list(batch.texts), list(batch.bodies), np.array(batch.tokens, np.int32)
         for j, cut in cuts:
-            if cut is not None:
-                texts[j], toks[j], bodies[j] = cut, *_item_of(state, rows[j], cut)
+            if cut is None:
+                continue
+            # Counted once: the same question again (a tool loop, a retry) packs the same passage.
+            key = (state.serial, rows[j], len(cut), hash(cut))
+            counted = self._passage_tokens.get(key)
+            if counted is None:
+                if len(self._passage_tokens) >= PASSAGES_KEPT:
+                    self._passage_tokens.clear()
+                counted = self._passage_tokens[key] = count_line(cut)
+            texts[j], toks[j], bodies[j] = cut, counted, _item_of(state, rows[j], cut, counted)
         batch.texts, batch.bodies, batch.tokens = texts, bodies, toks
+
+    def _pieces_of(self, serial: int, row: int, body: str, most_chars: int) -> list[tuple[int, int]]:
+        """passages.pieces of a long turn, kept for the PASSAGES_KEPT turns last cut (a turn recalled
+        again, or at another budget, is not split again); only offsets are kept. Called under the lock."""
+        key = (serial, row, most_chars)
+        got = self._pieces.get(key)
+        if got is None:
+            got = self._pieces[key] = pieces(body, most_chars)
+            if len(self._pieces) > PASSAGES_KEPT:
+                self._pieces.popitem(last=False)
+        else:
+            self._pieces.move_to_end(key)
+        return got
 
     @staticmethod
     def _day_headers(state: _UserIndex, batch: CandidateBatch, rows: np.ndarray) -> list[ItemMeta]:
@@ -506,15 +532,15 @@ def _mark_superseded(state: _UserIndex, batch: CandidateBatch, rows: list[int],
         current = [relevance[at[i]] for i in mark.current_sources if i in at]
         relevance[j] = min([relevance[j] * 0.5, *(0.99 * c for c in current)])
         texts[j] = f"[superseded on {date_label(mark.at_ms)[1:-1]} by: {mark.by}] {texts[j]}"
-        toks[j], bodies[j] = _item_of(state, row, texts[j])
+        toks[j] = count_line(texts[j])
+        bodies[j] = _item_of(state, row, texts[j], int(toks[j]))
     batch.relevance, batch.texts, batch.bodies, batch.tokens = relevance, texts, bodies, toks
 
 
-def _item_of(state: _UserIndex, row: int, text: str) -> tuple[int, bytes]:
-    """(tokens, ContextItem bytes) of a turn packed with another text (a passage, a superseded mark)."""
-    tokens = count_line(text)
-    return tokens, fastpath.encode_item(state.sources[row], Category.MEMORIES, tokens, text, int(state.roles[row]),
-                                        int(state.timestamps[row]), (state.ids[row],))
+def _item_of(state: _UserIndex, row: int, text: str, tokens: int) -> bytes:
+    """The ContextItem bytes of a turn packed with another text (a passage, a superseded mark)."""
+    return fastpath.encode_item(state.sources[row], Category.MEMORIES, tokens, text, int(state.roles[row]),
+                                int(state.timestamps[row]), (state.ids[row],))
 
 
 def _newer_first(state: _UserIndex, query: str, rows: np.ndarray, headers: int, r: Ranking, lock: threading.Lock,
