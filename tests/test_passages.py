@@ -119,3 +119,19 @@ def test_the_cap_follows_the_budget():
     assert passage_cap(2000, 0.0, 96) == 0
     assert split_label("[8 May 2023] Ann: hi: there") == len("[8 May 2023] Ann: ")
     assert split_label("no label here") == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab cd.!?\n。中文 İ🙂x")), min_size=1, max_size=2000),
+       st.integers(1, 400), st.sets(st.sampled_from(["ab", "cd", "中", "x", "ı"]), max_size=3))
+def test_a_passage_is_the_label_and_one_run_of_the_turn_and_never_longer(body, cap, asked):
+    text = "user: " + body
+    tokens = count_line(text)
+    passage = best_passage(text, tokens, cap, dict.fromkeys(asked, 1.0))
+    if passage is None:
+        return
+    assert passage.startswith("user: ")
+    inner = passage[len("user: "):]
+    inner = inner.removeprefix(ELLIPSIS + " ").removesuffix(" " + ELLIPSIS)
+    assert inner and inner in body
+    assert count_line(passage) <= tokens + 2  # at most the two ellipses more than the whole turn

@@ -472,7 +472,8 @@ class EpisodicSource:
                 if len(self._passage_tokens) >= PASSAGES_KEPT:
                     self._passage_tokens.clear()
                 counted = self._passage_tokens[key] = count_line(cut)
-            texts[j], toks[j], bodies[j] = cut, counted, _item_of(state, rows[j], cut, counted)
+            if counted < toks[j]:  # never a passage that costs as much as the whole turn
+                texts[j], toks[j], bodies[j] = cut, counted, _item_of(state, rows[j], cut, counted)
         batch.texts, batch.bodies, batch.tokens = texts, bodies, toks
 
     def _pieces_of(self, serial: int, row: int, body: str, most_chars: int) -> list[tuple[int, int]]:
