@@ -936,6 +936,28 @@ def test_a_long_turn_is_packed_as_its_best_passage_under_a_small_budget(running,
             assert item.text == "assistant: " + script
 
 
+@pytest.mark.parametrize("pasted", [
+    "2026-11-03T10:02:11Z ERROR payment-api upstream timeout host=db-7 " * 3000,  # a log, ~200 KB on one line
+    "x" * 200_000,  # no blank at all
+    "数据库连接超时，支付服务返回五零三错误，请检查连接池配置。" * 2500,  # CJK, stops without blanks
+    "🙂🔥 " * 25_000,  # emoji
+])
+def test_a_huge_pasted_turn_is_recalled_as_a_passage_within_the_budget(running, user, pasted):
+    from sidecar.tokens import count_tokens
+
+    sid = running.stub.CreateSession(pb.CreateSessionRequest(scope=user)).session_id
+    msg = pb.NewMessage(role=pb.ROLE_USER, text="payment-api 支付 timeout 🔥 " + pasted, client_timestamp_ms=MAY_8)
+    mid = running.stub.AppendMessages(pb.AppendMessagesRequest(scope=user, session_id=sid, messages=[msg])
+                                      ).messages[0].message_id
+    new_sid = running.stub.CreateSession(pb.CreateSessionRequest(scope=user)).session_id
+    resp = running.stub.BuildContext(pb.BuildContextRequest(
+        scope=user, session_id=new_sid, query="payment-api 支付 timeout 🔥", render=pb.RENDER_MODE_TEXT,
+        budget=pb.Budget(max_input=1400, reserved_for_output=0, memories=1000, recent_messages=0, flow_unused=False)))
+    item = next(it for s in resp.sections for it in s.items if it.source == f"message:{mid}")
+    assert item.tokens == count_tokens(item.text + "\n") <= 1000 * 0.125 * 1.5
+    assert count_tokens(resp.rendered_text) <= resp.total_budget
+
+
 @settings(max_examples=1000, deadline=None)
 @given(st.text(st.sampled_from(list("iI'mMyYoOuUrRwWeEsS .!?\"\n\tAbcL-_1ıİſK\u212aé")), max_size=60)
        | st.text(max_size=40))
