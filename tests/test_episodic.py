@@ -934,6 +934,17 @@ def test_a_long_turn_is_packed_as_its_best_passage_under_a_small_budget(running,
             assert item.tokens <= memories * 0.125 * 1.2 < whole_tokens
         else:
             assert item.text == "assistant: " + script
+    # In another tokenizer the passage is counted in it, and the prompt fits the budget there.
+    from sidecar.tokens import counter
+
+    resp = running.stub.BuildContext(pb.BuildContextRequest(
+        scope=user, session_id=new_sid, query="What was Andy wearing in the script you wrote?", tokenizer="o200k_base",
+        render=pb.RENDER_MODE_TEXT, budget=pb.Budget(max_input=1200, reserved_for_output=0, memories=800,
+                                                     recent_messages=0, flow_unused=False)))
+    item = next(it for s in resp.sections for it in s.items if it.source == f"message:{long_id}")
+    o200k = counter("o200k_base")
+    assert item.text.endswith(" …") and "yellow raincoat" in item.text and item.tokens == o200k.count_line(item.text)
+    assert o200k.count(resp.rendered_text) <= resp.total_budget
 
 
 @pytest.mark.parametrize("pasted", [
