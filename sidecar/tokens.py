@@ -94,15 +94,19 @@ def count_line(text: str) -> int:
     text and adding one would charge a token too many. A text ending in blanks can cost more without
     its newline (":\\r" is two tokens, ":\\r\\n" one), and a section's last line goes out without
     one: the larger count is charged, so such lines are never charged less than they cost."""
-    alone = count_tokens(text)
-    return max(count_with_newline(text, alone), alone)
+    return _line_of(text, count_tokens(text))
 
 
 def count_lines(texts: list[str], counted: Sequence[int] | None = None) -> list[int]:
     """count_line of each text, in one loop (a batch of turns as they are indexed); `counted`, when
     given, holds count_tokens of each text already (a message's stored line_tokens)."""
     alone = count_many(texts) if counted is None else counted
-    return [max(count_with_newline(t, a), a) for t, a in zip(texts, alone, strict=True)]
+    return [_line_of(t, a) for t, a in zip(texts, alone, strict=True)]
+
+
+def _line_of(text: str, alone: int) -> int:
+    """count_line(text), given count_tokens(text)."""
+    return max(count_with_newline(text, alone), alone)
 
 
 @functools.lru_cache(maxsize=4096)
