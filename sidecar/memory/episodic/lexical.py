@@ -27,6 +27,11 @@ def _decay(prev_decay: float, next_decay: float, neighbours: int, window: int) -
     return decay
 
 
+def bm25_idf(n: int, df: int) -> float:
+    """BM25's idf of a term in df of n turns."""
+    return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+
+
 class WindowScoring:
     """BM25 of turns and of their windows, as methods of _UserIndex (index.py)."""
 
@@ -39,11 +44,15 @@ class WindowScoring:
             if arrays is None:
                 continue
             rows, tfs = arrays
-            df = len(rows)
-            idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+            idf = bm25_idf(n, len(rows))
             norm = k1 * (1.0 - b + b * self.doc_len[rows] / avg_len)
             acc[rows] += idf * tfs * (k1 + 1.0) / (tfs + norm)  # rows are unique per term
         return acc
+
+    def idf_weights(self, query_terms: Sequence[str]) -> dict[str, float]:
+        """BM25's idf of each of these terms the user says (the terms they never say left out)."""
+        n = len(self.ids)
+        return {t: bm25_idf(n, len(arrays[0])) for t in set(query_terms) if (arrays := self._arrays(t)) is not None}
 
     def window_bm25(self, query_terms: Sequence[str], decay: np.ndarray, k1: float, b: float) -> np.ndarray:
         """BM25 of each turn's neighbourhood as one document: the decayed term counts of the window

@@ -5,7 +5,6 @@ restored through snapshots, dropped on forget; and turns a query's ranking into 
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -453,12 +452,7 @@ class EpisodicSource:
         ahead = np.cumsum(np.minimum(toks, cap)) - np.minimum(toks, cap)
         long = np.flatnonzero((toks > cap) & (ahead < budget)).tolist()
         with self._lock:  # the index's term arrays and kept pieces are read (and cached) under the source's lock
-            n = len(state)
-            weight = {}
-            for t in set(state.query_terms(query, r)[0]):
-                if (arrays := state._arrays(t)) is not None:
-                    df = len(arrays[0])
-                    weight[t] = math.log1p((n - df + 0.5) / (df + 0.5))
+            weight = state.idf_weights(state.query_terms(query, r)[0])
             cuts = [(j, best_passage(batch.texts[j], int(batch.tokens[j]), cap, weight,
                                      partial(self._pieces_of, state.serial, rows[j]))) for j in long]
         texts, bodies, toks = list(batch.texts), list(batch.bodies), np.array(batch.tokens, np.int32)
