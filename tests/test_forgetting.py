@@ -11,7 +11,7 @@ import grpc
 from sidecar.api import context_service_pb2 as pb
 from sidecar.compress.constraints import constraint_key
 from sidecar.memory.episodic import names_pattern
-from sidecar.tokens import count_tokens_cached
+from sidecar.tokens import count_line, count_tokens_cached
 from tests.adversity.harness import all_memories, duckdb_sql, scan_objects, table_mentions
 from tests.conftest import Running
 from tests.grpc_assert import expect_status
@@ -166,3 +166,9 @@ def test_a_superseded_memorys_turn_is_marked_and_ranks_below_the_current_one(fre
     assert was.text.startswith("[superseded on ") and "by: Default environment: staging]" in was.text
     assert "production environment" in was.text and not now.text.startswith("[superseded")
     assert was.score < now.score
+    # The marked text is counted as packed, once: asked again, the same item and count.
+    assert was.tokens == count_line(was.text)
+    again = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=later, query="which environment dashboards "
+                                                     "do I see by default?", debug=True))
+    repeat = {i.source: i for s in again.sections for i in s.items}[was.source]
+    assert (repeat.text, repeat.tokens) == (was.text, was.tokens)

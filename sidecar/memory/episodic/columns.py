@@ -94,10 +94,12 @@ class StrLookup:
     crc32 in a table of item indices (-1: empty) twice the items' count, with room after its end for
     the probes that run past it (no wrap-around)."""
 
-    __slots__ = ("column", "_mask", "_seen", "_slots")
+    __slots__ = ("column", "_mask", "_offsets", "_seen", "_slots", "_table")
 
     def __init__(self, column: StrColumn, slots: np.ndarray) -> None:
         self.column, self._slots = column, slots
+        # Read through memoryviews: an item of one is a Python int, without a numpy scalar made first.
+        self._table, self._offsets = memoryview(slots), memoryview(column._offsets)
         self._mask = len(slots) - len(column) - 2  # the table's size (a power of two) - 1
         # Answers given, kept while few (a user's questions and their expansions ask for the same terms again).
         self._seen: dict[str, int | None] = {}
@@ -119,11 +121,11 @@ class StrLookup:
         if s in self._seen:
             return self._seen[s]
         key = s.encode()
-        slots, column = self._slots, self.column
+        table, offsets, data = self._table, self._offsets, self.column._view
         at = zlib.crc32(key) & self._mask
         found = None
-        while (i := int(slots[at])) >= 0:
-            if column.raw(i) == key:
+        while (i := table[at]) >= 0:
+            if data[offsets[i]:offsets[i + 1]] == key:
                 found = i
                 break
             at += 1

@@ -55,7 +55,7 @@ MAX_USERS = 2048  # users kept in memory; an evicted one is rebuilt from rows on
 # users together hold at most MAX_TOTAL_TURNS; the least recently used go first.
 MAX_TURNS_PER_USER = 4096
 MAX_TOTAL_TURNS = 262_144
-PASSAGES_KEPT = 4096  # long turns whose pieces, and passages whose token counts, are kept (passages.py)
+PASSAGES_KEPT = 4096  # long turns whose pieces, and packed texts (passages, marks) whose token counts, are kept
 
 
 class EpisodicSource:
@@ -78,10 +78,11 @@ class EpisodicSource:
         self.max_total_turns = max(max_total_turns, self.max_turns_per_user)
         self._users: OrderedDict[tuple[str, str], _UserIndex] = OrderedDict()
         self._ranked = _RankedCache()
-        # Long turns' pieces, (index serial, row, piece size) -> offsets, and passages' token counts,
-        # (index serial, row, length, hash) -> tokens (_cut_long): offsets and counts, never text.
+        # Long turns' pieces, (index serial, row, piece size) -> offsets, and the token counts of the
+        # texts a turn is packed as (a passage, a superseded mark), (index serial, row, length, hash)
+        # -> tokens (_counted): offsets and counts, never text.
         self._pieces: OrderedDict[tuple[int, int, int], list[tuple[int, int]]] = OrderedDict()
-        self._passage_tokens: dict[tuple[int, int, int, int], int] = {}
+        self._line_tokens: dict[tuple[int, int, int, int], int] = {}
         self._lock = threading.RLock()
         self._closing = threading.Event()
         # Users' indexes saved when they leave memory (evicted, or the process closing) and restored
@@ -428,7 +429,7 @@ class EpisodicSource:
             self._cut_long(state, batch, row_list, inp.query, budget, cap)
         marks = self.superseded_turns(inp.scope) if self.superseded_turns is not None else {}
         if marks:
-            _mark_superseded(state, batch, row_list, marks)
+            self._mark_superseded(state, batch, row_list, marks)
         headers: list[ItemMeta] = self._day_headers(state, batch, rows) if not state.dated else []
         batch.priority = np.zeros(len(batch.texts))
         batch.meta = partial(_turn_meta, state, row_list, headers, batch.order)
@@ -459,13 +460,7 @@ class EpisodicSource:
         for j, cut in cuts:
             if cut is None:
                 continue
-            # Counted once: the same question again (a tool loop, a retry) packs the same passage.
-            key = (state.serial, rows[j], len(cut), hash(cut))
-            counted = self._passage_tokens.get(key)
-            if counted is None:
-                if len(self._passage_tokens) >= PASSAGES_KEPT:
-                    self._passage_tokens.clear()
-                counted = self._passage_tokens[key] = count_line(cut)
+            counted = self._counted(state, rows[j], cut)
             if counted < toks[j]:  # never a passage that costs as much as the whole turn
                 texts[j], toks[j], bodies[j] = cut, counted, _item_of(state, rows[j], cut, counted)
         batch.texts, batch.bodies, batch.tokens = texts, bodies, toks
@@ -482,6 +477,38 @@ class EpisodicSource:
         else:
             self._pieces.move_to_end(key)
         return got
+
+    def _mark_superseded(self, state: _UserIndex, batch: CandidateBatch, rows: list[int],
+                         marks: dict[str, SupersededTurn]) -> None:
+        """A recalled turn whose memory was superseded says so, with the date and what replaced it, and
+        ranks at half its relevance and below every turn of the current memory among the candidates."""
+        ids = _pick(state.ids, rows)
+        hit = [j for j, i in enumerate(ids) if i in marks]
+        if not hit:
+            return
+        at = {i: j for j, i in enumerate(ids)}
+        relevance = np.array(batch.relevance, np.float64)
+        texts, bodies, toks = list(batch.texts), list(batch.bodies), np.array(batch.tokens, np.int32)
+        for j in hit:
+            row = rows[j]
+            mark = marks[ids[j]]
+            current = [relevance[at[i]] for i in mark.current_sources if i in at]
+            relevance[j] = min([relevance[j] * 0.5, *(0.99 * c for c in current)])
+            texts[j] = f"[superseded on {date_label(mark.at_ms)[1:-1]} by: {mark.by}] {texts[j]}"
+            toks[j] = self._counted(state, row, texts[j])
+            bodies[j] = _item_of(state, row, texts[j], int(toks[j]))
+        batch.relevance, batch.texts, batch.bodies, batch.tokens = relevance, texts, bodies, toks
+
+    def _counted(self, state: _UserIndex, row: int, text: str) -> int:
+        """count_line of a text a turn is packed as, counted once: the same question again (a tool loop,
+        a retry) packs the same passages and marks."""
+        key = (state.serial, row, len(text), hash(text))
+        counted = self._line_tokens.get(key)
+        if counted is None:
+            if len(self._line_tokens) >= PASSAGES_KEPT:
+                self._line_tokens.clear()
+            counted = self._line_tokens[key] = count_line(text)
+        return counted
 
     @staticmethod
     def _day_headers(state: _UserIndex, batch: CandidateBatch, rows: np.ndarray) -> list[ItemMeta]:
@@ -508,28 +535,6 @@ class EpisodicSource:
         batch.exact_keys = np.concatenate([np.array(exact, np.uint64), batch.exact_keys])
         batch.simhashes = np.concatenate([np.array(simhash, np.uint64), batch.simhashes])
         return metas
-
-
-def _mark_superseded(state: _UserIndex, batch: CandidateBatch, rows: list[int],
-                     marks: dict[str, SupersededTurn]) -> None:
-    """A recalled turn whose memory was superseded says so, with the date and what replaced it, and
-    ranks at half its relevance and below every turn of the current memory among the candidates."""
-    ids = _pick(state.ids, rows)
-    hit = [j for j, i in enumerate(ids) if i in marks]
-    if not hit:
-        return
-    at = {i: j for j, i in enumerate(ids)}
-    relevance = np.array(batch.relevance, np.float64)
-    texts, bodies, toks = list(batch.texts), list(batch.bodies), np.array(batch.tokens, np.int32)
-    for j in hit:
-        row = rows[j]
-        mark = marks[ids[j]]
-        current = [relevance[at[i]] for i in mark.current_sources if i in at]
-        relevance[j] = min([relevance[j] * 0.5, *(0.99 * c for c in current)])
-        texts[j] = f"[superseded on {date_label(mark.at_ms)[1:-1]} by: {mark.by}] {texts[j]}"
-        toks[j] = count_line(texts[j])
-        bodies[j] = _item_of(state, row, texts[j], int(toks[j]))
-    batch.relevance, batch.texts, batch.bodies, batch.tokens = relevance, texts, bodies, toks
 
 
 def _item_of(state: _UserIndex, row: int, text: str, tokens: int) -> bytes:
