@@ -180,7 +180,7 @@ _budget = st.integers(min_value=0, max_value=3000)
 @given(texts=_texts, recent=_budget, total=st.integers(min_value=200, max_value=8000), flow=st.booleans())
 def test_budgets_never_exceeded(stub, scope, texts, recent, total, flow):
     sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
-    _append(stub, scope, sid, *texts)
+    stored = len(_append(stub, scope, sid, *texts))
     budget = pb.Budget(max_input=total + 100, reserved_for_output=100, recent_messages=recent, flow_unused=flow)
     try:
         resp = _build(stub, scope, sid, query="status?", budget=budget, render=pb.RENDER_MODE_TEXT, max_dropped=100000)
@@ -201,7 +201,14 @@ def test_budgets_never_exceeded(stub, scope, texts, recent, total, flow):
     assert packed == recent_usage.used <= recent
     selected = len(_section(resp, pb.SECTION_KIND_RECENT_MESSAGES).items)
     recent_dropped = [d for d in resp.dropped if d.category == pb.CATEGORY_RECENT_MESSAGES]
-    assert recent_usage.candidates == selected + len(recent_dropped) and recent_usage.selected == selected
+    assert recent_usage.selected == selected and recent_usage.candidates <= stored
+    # Every message is packed or listed as dropped: by the selection (a candidate), or before it, where
+    # the history window leaves it out (no turn committed, so no summary folds it in).
+    assert selected + len(recent_dropped) == stored
+    assert {d.source for d in recent_dropped} | {it.source for it in
+                                                 _section(resp, pb.SECTION_KIND_RECENT_MESSAGES).items} == {
+        f"message:{m.message_id}" for m in stub.ListMessages(pb.ListMessagesRequest(
+            scope=scope, session_id=sid, from_seq=1)).messages}
 
 
 @settings(max_examples=60, deadline=None)

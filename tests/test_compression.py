@@ -53,6 +53,15 @@ def test_500_turns_keep_every_prohibition_verbatim_and_entities_in_summary(stub,
     assert "connection pool exhausted" in text
     # The summary is one item that stands for many messages.
     assert len(summary[0].source_message_ids) > 20
+    # What it folds in is not dropped; the messages after it are packed or listed as dropped, none missing.
+    full = _build(stub, scope, session_id, query="status?", budget=pb.Budget(recent_messages=3000), debug=True)
+    folded = {f"message:{m}" for m in _section(full, pb.SECTION_KIND_SUMMARY).items[0].source_message_ids}
+    dropped = {d.source for d in full.dropped if d.category == pb.CATEGORY_RECENT_MESSAGES}
+    packed = {it.source for it in _section(full, pb.SECTION_KIND_RECENT_MESSAGES).items}
+    order = [f"message:{m.message_id}" for m in stub.ListMessages(pb.ListMessagesRequest(
+        scope=scope, session_id=session_id, from_seq=1)).messages]
+    shown = dropped | packed
+    assert not folded & dropped and set(order[min(map(order.index, shown)):]) == shown
 
 
 def test_tool_result_trimmed_view_and_full_text(stub, scope, session_id):

@@ -16,6 +16,9 @@ import fastpath
 from sidecar.assembly.budget import Budget
 from sidecar.assembly.candidates import (
     CACHE_AWARE_ORDER,
+    DROP_DUPLICATE,
+    DROP_LOW_SCORE,
+    DROP_OVER_BUDGET,
     SOFT_BUDGET_FIELDS,
     SOFT_WIRE,
     BuildInput,
@@ -40,7 +43,6 @@ from sidecar.tokens import counter as token_counter
 
 # Proto numbers (kept here so the assembly does not import the generated stubs).
 CATEGORY_SYSTEM_AND_TOOLS, CATEGORY_SESSION_STATE = Category.SYSTEM_AND_TOOLS, Category.SESSION_STATE
-DROP_OVER_BUDGET, DROP_DUPLICATE, DROP_LOW_SCORE = 1, 2, 3
 KNOWLEDGE_MATCHED, KNOWLEDGE_NO_MATCH, KNOWLEDGE_NOT_CONSULTED = 1, 2, 3
 _STATUS_TO_DROP = {fastpath.OVER_BUDGET: DROP_OVER_BUDGET, fastpath.DUPLICATE: DROP_DUPLICATE,
                    fastpath.LOW_SCORE: DROP_LOW_SCORE}
@@ -618,6 +620,11 @@ def _drops(live: list[CandidateBatch], batches: list[CandidateBatch], sel: fastp
             counts[d.reason] = counts.get(d.reason, 0) + 1
             if len(dropped) < max_dropped:
                 dropped.append(Dropped(d.source, SOFT_WIRE[d.category], d.reason, 0.0, d.tokens, d.kept_source))
+        for run in b.dropped_runs:
+            counts[run.reason] = counts.get(run.reason, 0) + len(run.sources)
+            room = max(max_dropped - len(dropped), 0)
+            dropped += [Dropped(source, SOFT_WIRE[run.category], run.reason, 0.0, int(tokens), "")
+                        for source, tokens in zip(run.sources[:room], run.tokens[:room], strict=True)]
     return dropped, counts
 
 

@@ -78,6 +78,9 @@ class BuildInput:
     asked_at_ms: int = 0  # when the query was asked (BuildContextRequest.asked_at_ms, else now_ms)
 
 
+DROP_OVER_BUDGET, DROP_DUPLICATE, DROP_LOW_SCORE = 1, 2, 3  # proto DropReason
+
+
 @dataclass(slots=True)
 class SourceDrop:
     """An item a source left out before selection (acl, expired, superseded, ...)."""
@@ -87,6 +90,18 @@ class SourceDrop:
     reason: int  # proto DropReason
     tokens: int
     kept_source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DropRun:
+    """Items a source left out for one reason, most relevant first, made into Dropped entries only
+    as far as the response lists them: a run may be long (a session's messages before its history
+    window) and is counted whole."""
+
+    sources: Sequence[str]
+    category: SoftCategory
+    reason: int  # proto DropReason
+    tokens: Sequence[int] | np.ndarray
 
 
 ItemMeta = tuple[int, int, float | None, tuple[str, ...]]
@@ -120,6 +135,7 @@ class CandidateBatch:
     vectors: np.ndarray | Sequence[np.ndarray] | None = None
     term_ids: list[np.ndarray] | None = None
     dropped: list[SourceDrop] = field(default_factory=list)
+    dropped_runs: list[DropRun] = field(default_factory=list)
     excluded: set[int] = field(default_factory=set)  # see exclude()
     # Set by a knowledge source: True/False when it was consulted, None otherwise.
     knowledge_matched: bool | None = None

@@ -16,7 +16,14 @@ from typing import NamedTuple
 import numpy as np
 
 import fastpath
-from sidecar.assembly.candidates import BuildInput, CandidateBatch, Section, SoftCategory
+from sidecar.assembly.candidates import (
+    DROP_OVER_BUDGET,
+    BuildInput,
+    CandidateBatch,
+    DropRun,
+    Section,
+    SoftCategory,
+)
 from sidecar.compress.trim import tool_header
 from sidecar.domain import Category, Role, ToolResult
 from sidecar.store.cache import MAX_CACHED_TOOL_RESULTS, MESSAGE_LINE_EXTRA
@@ -58,6 +65,11 @@ class MessageSource:
             return batches
         window = tail.messages[start:]
         n = len(window)
+        # Messages before the window that no summary folds in yet (a turn not committed) are dropped, and said so.
+        first = int(np.searchsorted(tail.seqs[:start], summary.covered_until_seq, side="right")) if summary else 0
+        if first < start:
+            batch.dropped_runs.append(DropRun(tail.sources[first:start][::-1], SoftCategory.RECENT_MESSAGES,
+                                              DROP_OVER_BUDGET, sizes[first:start][::-1]))
         batch.texts = tail.lines[start:]
         batch.sources = tail.sources[start:]
         batch.tokens = line_tokens[start:] + MESSAGE_LINE_EXTRA
