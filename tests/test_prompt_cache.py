@@ -204,6 +204,30 @@ def test_a_tool_loop_shares_its_history_and_past_outputs_shrink_to_their_briefs(
     assert briefs and all(len(b) < len(view) for b in briefs)
 
 
+def test_what_the_window_leaves_out_before_a_commit_is_listed_as_dropped(stub, scope, session_id):
+    """No turn committed, so no summary: the messages and tool outputs the history window leaves out are
+    listed as dropped (over budget), and every one of them is packed or listed."""
+    s = dict(scope=scope, session_id=session_id)
+    recorded = []
+    for turn in range(12):
+        stub.AppendMessages(pb.AppendMessagesRequest(**s, messages=[
+            pb.NewMessage(role=pb.ROLE_USER, text=f"turn {turn}: is payment-api-{turn % 3} healthy?"),
+            pb.NewMessage(role=pb.ROLE_ASSISTANT, text=f"calling get_logs ({turn})", tool_name="get_logs")]))
+        recorded.append(stub.RecordToolResult(pb.RecordToolResultRequest(
+            **s, tool_name="get_logs", call_id=f"c{turn}", full_text=_log(f"payment-api-{turn % 3}", 40, turn))
+        ).tool_result_id)
+    resp = _build(stub, scope, session_id, query="what do the logs say?", debug=True,
+                  budget=pb.Budget(recent_messages=300, tool_observations=300))
+    packed = {it.source for sec in resp.sections for it in sec.items}
+    dropped = {d.source: d for d in resp.dropped}
+    messages = [f"message:{m.message_id}" for m in stub.ListMessages(pb.ListMessagesRequest(**s, from_seq=1)).messages]
+    outputs = [f"tool:{r}" for r in recorded]
+    assert messages[0] in dropped and outputs[0] in dropped  # the oldest are outside the window
+    assert dropped[messages[0]].reason == dropped[outputs[0]].reason == pb.DROP_REASON_OVER_BUDGET
+    assert all(x in packed or x in dropped for x in messages + outputs)
+    assert sum(c.count for c in resp.dropped_counts) == len(resp.dropped)  # debug lists every drop
+
+
 def test_the_summary_folds_what_tool_outputs_take_in_the_history(stub, scope, session_id):
     """Short messages with long tool outputs: what the history holds (the outputs' briefs) fills the
     summary window, so older turns fold although their own lines are short."""

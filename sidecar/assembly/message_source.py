@@ -65,11 +65,15 @@ class MessageSource:
             return batches
         window = tail.messages[start:]
         n = len(window)
-        # Messages before the window that no summary folds in yet (a turn not committed) are dropped, and said so.
+        # Messages before the window that no summary folds in yet (a turn not committed) are dropped, and
+        # said so, with the tool outputs that followed them.
         first = int(np.searchsorted(tail.seqs[:start], summary.covered_until_seq, side="right")) if summary else 0
         if first < start:
             batch.dropped_runs.append(DropRun(tail.sources[first:start][::-1], SoftCategory.RECENT_MESSAGES,
                                               DROP_OVER_BUDGET, sizes[first:start][::-1]))
+            span = (int(tail.created[first]), window[0].created_at_ms)
+            batch.dropped_runs += [run for run in (_outputs_left(tools, span, SoftCategory.RECENT_MESSAGES),
+                                                   _outputs_left(views, span, SoftCategory.TOOL_OBSERVATIONS)) if run]
         batch.texts = tail.lines[start:]
         batch.sources = tail.sources[start:]
         batch.tokens = line_tokens[start:] + MESSAGE_LINE_EXTRA
@@ -90,6 +94,14 @@ class MessageSource:
         if shown:
             _add_tools(batch, shown, tail, window)
         return batches
+
+
+def _outputs_left(items: list[tuple[int, ToolItem]], span: tuple[int, int], category: SoftCategory
+                  ) -> DropRun | None:
+    """The tool outputs recorded within span (ms, from the first message no summary folds to the
+    window's first), which the window leaves out with those messages, newest first."""
+    left = sorted((t for _, t in items if span[0] <= t.at < span[1]), key=lambda t: -t.at)
+    return DropRun([t.source for t in left], category, DROP_OVER_BUDGET, [t.tokens for t in left]) if left else None
 
 
 def _tool_item(made: dict, r: ToolResult, view: bool, counter: TokenCounter) -> ToolItem:
