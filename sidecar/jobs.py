@@ -43,12 +43,16 @@ def new_job(scope: Scope, kind: str, payload: dict[str, Any], total_items: int =
 
 class JobWorker:
     def __init__(self, store, handlers: dict[str, Handler], poll_s: float = 1.0, name: str = "job-worker",
-                 batch: int = 1, prefetch: dict[str, Callable[[Sequence[Job]], None]] | None = None) -> None:
+                 batch: int = 1, prefetch: dict[str, Callable[[Sequence[Job]], None]] | None = None,
+                 settle: dict[str, Callable[[Sequence[Job]], None]] | None = None) -> None:
         self.store = store
         self.batch = max(batch, 1)
         self.handlers: dict[str, Handler] = dict(handlers)
         # Per kind: loads what a claimed batch's jobs of that kind read, in one go, before they run.
         self.prefetch = dict(prefetch or {})
+        # Per kind: makes ready what the batch's jobs of that kind changed, once they have run, so the
+        # next BuildContext does not (derived state a write invalidates).
+        self.settle = dict(settle or {})
         self.name = name
         self.poll_s = poll_s
         self._wake = threading.Event()
@@ -85,11 +89,7 @@ class JobWorker:
         (the batch's time is up, or the worker is stopping) go back to the queue as they were. Whether
         every job ran."""
         deadline = time.monotonic() + BATCH_SECONDS
-        for kind, load in self.prefetch.items():
-            try:
-                load([j for j in jobs if j.kind == kind])
-            except Exception:  # each handler can still read for itself
-                log.exception("prefetch for %s jobs failed", kind)
+        _each_kind(self.prefetch, jobs, "prefetch")  # on failure each handler still reads for itself
         ran = 0
         for job in jobs:
             if ran and (self._stop.is_set() or time.monotonic() > deadline):
@@ -98,6 +98,7 @@ class JobWorker:
             ran += 1
         for job in jobs[ran:]:
             job.status, job.attempts = JobStatus.QUEUED, job.attempts - 1
+        _each_kind(self.settle, [j for j in jobs[:ran] if j.status == JobStatus.DONE], "settle")
         self.store.finish_jobs(jobs)
         with self._finished:
             self._finished.notify_all()
@@ -132,3 +133,13 @@ class JobWorker:
                 return jobs, done
             with self._finished:
                 self._finished.wait(min(left, 0.2))
+
+
+def _each_kind(hooks: dict[str, Callable[[Sequence[Job]], None]], jobs: Sequence[Job], what: str) -> None:
+    """Each hook with the jobs of its kind; a failing hook is logged, never fails the batch (what it
+    would have made ready is made by its reader)."""
+    for kind, hook in hooks.items():
+        try:
+            hook([j for j in jobs if j.kind == kind])
+        except Exception:
+            log.exception("%s for %s jobs failed", what, kind)

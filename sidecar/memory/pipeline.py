@@ -15,6 +15,7 @@ from sidecar.secrets import PLACEHOLDER_RE, contains_secret, redact
 from sidecar.textmodel import Turn
 
 EXTRACT_JOB = "extract_memories"
+WRITES = ("created", "merged", "superseded_older")  # MemoryService.write's outcomes that change the user's memories
 REDACTION_MARK = "[REDACTED:"
 _TYPES = {"preference": MemoryType.PREFERENCE, "episode": MemoryType.EPISODE, "habit": MemoryType.HABIT,
           "semantic": MemoryType.SEMANTIC}
@@ -47,6 +48,14 @@ class ExtractionPipeline:
                 self._prefetched[job.job_id] = sorted(
                     (m for i in job.payload["message_ids"] if (m := found.get(i)) is not None
                      and m.session_id == session_id), key=lambda m: m.seq)
+
+    def settle(self, jobs: Sequence[Job]) -> None:
+        """After a batch: the turn marks of each user whose memories its jobs wrote (a write drops
+        them), read again now, once a user, rather than by the user's next BuildContext."""
+        wrote = {Scope(j.tenant_id, j.user_id) for j in jobs if j.result and any(
+            int(j.result.get(outcome, 0)) for outcome in WRITES)}
+        for scope in wrote:
+            self.memories.superseded_turns(scope)
 
     def handle(self, job: Job) -> dict[str, str]:
         scope = Scope(job.tenant_id, job.user_id)

@@ -290,9 +290,8 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
         that are current go with it, made first for `ranking` if given (so the first query after a
         restore need not make them); the items' bytes do not."""
         n = len(self.ids)
-        if ranking is not None and n:
-            self._turn_prior(ranking)
-            self._window_norm(_decay(ranking.prev_decay, ranking.next_decay, ranking.neighbours, self.window), ranking.b)
+        if ranking is not None:
+            self.warm(ranking)
         state = {
             "meta": meta, "n": n, "ids": self.ids, "sessions": self.sessions,
             "texts": self.texts if isinstance(self.texts, StrColumn) else StrColumn.of(self.texts),
@@ -304,6 +303,18 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
             **{name: getattr(self, name)[:n] for name in (*_ROW_ARRAYS, "session_of", "nbr")},
         }
         return pack(state)
+
+    def warm(self, ranking: Ranking) -> None:
+        """Make the lazy ranking caches for `ranking` now (the turn prior, the window norm, the
+        neighbour rows, the mask of the word-vector stems the user says), so the next query does not:
+        after an import, before a snapshot is saved."""
+        if not len(self.ids):
+            return
+        self._turn_prior(ranking)
+        self._window_norm(_decay(ranking.prev_decay, ranking.next_decay, ranking.neighbours, self.window), ranking.b)
+        self._neighbour_rows()
+        if ranking.similar_terms > 0 or ranking.concept_similar > 0:
+            self._said()
 
     def _postings_frozen(self) -> dict[str, np.ndarray | str]:
         """The postings, per-turn term counts and capitalised words as the compact arrays restore() keeps

@@ -177,12 +177,13 @@ class EpisodicSource:
     def on_import(self, scope: Scope) -> None:
         """store.import_listeners hook: imported sessions may sit anywhere in the user's timeline (they
         are dated by their first message), so the user's index is rebuilt from rows, in timeline
-        order, as a restart would rebuild it."""
+        order, as a restart would rebuild it, with its ranking caches (the user's next question
+        often comes next)."""
         with self._lock:
             key = (scope.tenant_id, scope.user_id)
             self._discard(key)
             try:
-                self._load(scope)
+                self._load(scope).warm(self.ranking)
             except Exception:
                 log.exception("episodic index rebuild failed for a user; rebuilt from rows on next use")
                 self.drop_user(scope)
