@@ -28,6 +28,7 @@ def extract_one(text: str, role: str = "user") -> list[MemoryCandidate]:
         ("Every morning I review the on-call alerts.", "habit", None),
         ("我通常先看日志", "habit", None),
         ("我每天早上看一下告警", "habit", None),
+        ("每周五发布一次", "habit", None),  # Chinese drops the subject
         ("Our prod cluster is eks-prod-1 in us-east-1.", "semantic", "prod_cluster"),
         ("我们的生产集群是 ack-prod", "semantic", "prod_cluster"),
         ("We use postgres 15.", "semantic", "database"),
@@ -102,7 +103,9 @@ def test_weak_cues_get_low_confidence() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["What editor do I prefer?", "ok thanks", "好的", "The build is green.", "以后呢？", "Do you like vim?"],
+    ["What editor do I prefer?", "ok thanks", "好的", "The build is green.", "以后呢？", "Do you like vim?",
+     # "every morning" of someone else (a pasted story or article) is not the user's habit
+     "The shop opens every morning at 9.", "Duulo woke up every night and many came to him for advice."],
 )
 def test_no_candidates(text: str) -> None:
     assert extract_one(text) == []

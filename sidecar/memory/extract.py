@@ -69,6 +69,9 @@ _WEAK_RE = re.compile(
     re.I,
 )
 _QUESTION_RE = re.compile(r"[?？]\s*$|[吗呢]\s*[。.]?$")
+# A habit is the speaker's own: "every morning" in a pasted story or article ("the shop opens every
+# morning") is not one. Chinese drops the subject ("每周五发布一次"), so any CJK sentence may say it.
+_SPEAKER_RE = re.compile(r"\b(?:i|me|my|mine|myself|we|us|our|ours)\b|[\u4e00-\u9fff]", re.I)
 _INCIDENT_RE = re.compile(
     r"\b(?:incident|outage|downtime|sev[-\s]?[0-4]|p[0-4]\s+incident|alert|alarm|paged|is\s+down|went\s+down)\b|"
     r"故障|告警|报警|宕机|事故|挂了",
@@ -233,7 +236,7 @@ class RuleBasedExtractor:
         if _QUESTION_RE.search(sentence):
             return None
         for kind, rx in (("preference", _PREFERENCE_RE), ("habit", _HABIT_RE), ("semantic", _SEMANTIC_RE)):
-            if rx.search(sentence):
+            if rx.search(sentence) and (kind != "habit" or _SPEAKER_RE.search(sentence)):
                 weak = bool(_WEAK_RE.search(sentence))
                 return MemoryCandidate(
                     kind,  # type: ignore[arg-type]
