@@ -8,8 +8,8 @@ import pytest
 
 from sidecar.app import Sidecar
 from sidecar.assembly.builder import BuildRequest
-from sidecar.domain import NewMessage, Role, Scope
-from sidecar.memory.service import _turn_marks
+from sidecar.domain import MemoryType, NewMessage, Role, Scope
+from sidecar.memory.service import MemoryInput, _turn_marks
 from sidecar.services.imports import PastSession
 
 SCOPE = Scope("t-ready", "ann")
@@ -58,3 +58,30 @@ def test_after_an_extraction_job_the_next_build_reads_no_memory_rows(app, monkey
     monkeypatch.setattr(app.store, "memories_with_embeddings", no_read)
     texts = _texts(app, SCOPE, "Which dashboards do I see by default?")
     assert any(t.startswith("[superseded on") and "production" in t for t in texts)
+
+
+def test_marks_read_while_a_write_lands_are_not_kept(app, monkeypatch):
+    """The marks are read from the rows outside the lock: a write landing meanwhile drops them, and the
+    read, older than the write, must not put them back."""
+    sid = app.sessions.create(SCOPE, "", "", {}).session_id
+    first, second = app.sessions.append(SCOPE, sid, [
+        NewMessage(role=Role.USER, text="By default show me the production dashboards."),
+        NewMessage(role=Role.USER, text="Changed my mind: by default show me the staging dashboards.")])
+    app.memories.add(SCOPE, MemoryInput(MemoryType.PREFERENCE, "Default environment: production", "default_env",
+                                        [first.message_id]))
+    app.memories.add(SCOPE, MemoryInput(MemoryType.PREFERENCE, "Default environment: staging", "default_env",
+                                        [second.message_id]))
+    state = app.memories.user(SCOPE)
+    state.turn_marks = None
+    read = app.store.list_memories
+
+    def read_then_write(*args, **kwargs):
+        rows = read(*args, **kwargs)  # the rows before the write below
+        app.memories.add(SCOPE, MemoryInput(MemoryType.PREFERENCE, "Default environment: qa", "default_env", []))
+        return rows
+
+    monkeypatch.setattr(app.store, "list_memories", read_then_write)
+    stale = app.memories.superseded_turns(SCOPE)
+    assert "staging" in next(iter(stale.values())).by and state.turn_marks is None
+    monkeypatch.setattr(app.store, "list_memories", read)
+    assert "qa" in next(iter(app.memories.superseded_turns(SCOPE).values())).by

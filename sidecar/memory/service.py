@@ -337,12 +337,14 @@ class MemoryService:
         """The source turns of the user's superseded memories (those not also sources of the memory that
         replaced them), with the date and content of the current one, so recall can mark them."""
         state = self.user(scope)
-        marks = state.turn_marks
+        marks, generation = state.turn_marks, state.generation
         if marks is not None:
             return marks
         marks = _turn_marks(self.store.list_memories(
             scope, limit=1_000_000, offset=0, types=[], include_inactive=True, now_ms=0)) if state.superseded else {}
-        state.turn_marks = marks
+        with self._lock:
+            if state.generation == generation:  # kept only if no write landed while the rows were read
+                state.turn_marks = marks
         return marks
 
     def history(self, scope: Scope, memory_id: str) -> list[MemoryChange]:
