@@ -18,11 +18,12 @@ class StrColumn(Sequence[str]):
     """An immutable sequence of strings over (utf-8 bytes, int64 offsets of len + 1); an item once
     decoded is kept (a user's next questions recall many of the same turns)."""
 
-    __slots__ = ("_data", "_decoded", "_offsets", "_view")
+    __slots__ = ("_bounds", "_data", "_decoded", "_offsets", "_view")
 
     def __init__(self, data: np.ndarray, offsets: np.ndarray) -> None:
         self._data, self._offsets = data, offsets
         self._view = memoryview(data)  # str(view[a:b], "utf-8") decodes without copying the slice first
+        self._bounds = memoryview(offsets)  # an item of it is a Python int, no numpy scalar made first
         self._decoded: list[str | None] = [None] * (len(offsets) - 1)
 
     @classmethod
@@ -67,7 +68,8 @@ class StrColumn(Sequence[str]):
 
     def raw(self, i: int) -> memoryview:
         """The i-th item's UTF-8 bytes (0 <= i < len)."""
-        return self._view[int(self._offsets[i]):int(self._offsets[i + 1])]
+        bounds = self._bounds
+        return self._view[bounds[i]:bounds[i + 1]]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.tolist())
@@ -94,12 +96,11 @@ class StrLookup:
     crc32 in a table of item indices (-1: empty) twice the items' count, with room after its end for
     the probes that run past it (no wrap-around)."""
 
-    __slots__ = ("column", "_mask", "_offsets", "_seen", "_slots", "_table")
+    __slots__ = ("column", "_mask", "_seen", "_slots", "_table")
 
     def __init__(self, column: StrColumn, slots: np.ndarray) -> None:
         self.column, self._slots = column, slots
-        # Read through memoryviews: an item of one is a Python int, without a numpy scalar made first.
-        self._table, self._offsets = memoryview(slots), memoryview(column._offsets)
+        self._table = memoryview(slots)  # read through a memoryview: its items are Python ints
         self._mask = len(slots) - len(column) - 2  # the table's size (a power of two) - 1
         # Answers given, kept while few (a user's questions and their expansions ask for the same terms again).
         self._seen: dict[str, int | None] = {}
@@ -121,11 +122,11 @@ class StrLookup:
         if s in self._seen:
             return self._seen[s]
         key = s.encode()
-        table, offsets, data = self._table, self._offsets, self.column._view
+        table, column = self._table, self.column
         at = zlib.crc32(key) & self._mask
         found = None
         while (i := table[at]) >= 0:
-            if data[offsets[i]:offsets[i + 1]] == key:
+            if column.raw(i) == key:
                 found = i
                 break
             at += 1
