@@ -25,6 +25,8 @@ from sidecar.services.sessions import check_page_size, decode_page_token
 MAX_CONTENT = 8 * 1024
 # Cosine above which two memories are the same statement (merged, not stored twice).
 MERGE_COSINE = 0.92
+STRIPES = 64  # users share writer locks and change serials by hash
+LOAD_TRIES = 3  # loads without the lock before one under it (writes kept landing on the stripe)
 
 
 @dataclass(slots=True)
@@ -84,7 +86,10 @@ class MemoryService:
         self.embedder = embedder
         self._users: dict[tuple[str, str], UserMemories] = {}
         self._lock = threading.RLock()  # the users' in-memory state; held only for in-memory work
-        self._writer_locks = [threading.Lock() for _ in range(64)]  # by user, across a write
+        self._writer_locks = [threading.Lock() for _ in range(STRIPES)]  # by user, across a write
+        # By user stripe, a serial bumped (under _lock) by every change of a user's rows or state: a
+        # state loaded without the lock is kept only if its stripe's serial did not move meanwhile.
+        self._changes = [0] * STRIPES
         self._on_forget = list(on_forget or [])
         self._on_delete: list = []
 
@@ -98,22 +103,52 @@ class MemoryService:
 
     # ------------------------------------------------------------------ state
     def user(self, scope: Scope) -> UserMemories:
+        """The user's memory state, loaded from rows on first use. The load (a database read, then the
+        index) runs without the lock, so calls for other users do not wait behind it; it is kept only
+        if no change of the user's stripe landed meanwhile (a write, a deletion, a forget), else read
+        again, and after LOAD_TRIES under the lock."""
         key = scope_key(scope)
+        stripe = self._stripe(key)
+        for _ in range(LOAD_TRIES):
+            with self._lock:
+                state = self._users.get(key)
+                if state is not None:
+                    return state
+                seen = self._changes[stripe]
+            loaded = self._load(scope)
+            with self._lock:
+                state = self._users.get(key)
+                if state is not None:  # another call loaded it first
+                    return state
+                if self._changes[stripe] == seen:
+                    self._users[key] = loaded
+                    return loaded
         with self._lock:
             state = self._users.get(key)
             if state is None:
-                state = UserMemories(HybridIndex(self.embedder.dim))
-                # One query for the whole state: the active rows, who superseded whom, the turn marks.
-                rows = self.store.memories_with_embeddings(scope)
-                active = [row for row in rows if row[0].status == MemoryStatus.ACTIVE]
-                for (memory, _), vector in zip(active, self._stored_vectors(active), strict=True):
-                    state.add(memory, vector)
-                for memory, _ in rows:
-                    if memory.status == MemoryStatus.SUPERSEDED:
-                        state.superseded.setdefault(memory.superseded_by, []).append(memory.memory_id)
-                state.turn_marks = _turn_marks([m for m, _ in rows]) if state.superseded else {}
-                self._users[key] = state
+                state = self._users[key] = self._load(scope)
             return state
+
+    def _load(self, scope: Scope) -> UserMemories:
+        """The user's state from their rows, in one query: the active rows, who superseded whom, the
+        turn marks."""
+        state = UserMemories(HybridIndex(self.embedder.dim))
+        rows = self.store.memories_with_embeddings(scope)
+        active = [row for row in rows if row[0].status == MemoryStatus.ACTIVE]
+        for (memory, _), vector in zip(active, self._stored_vectors(active), strict=True):
+            state.add(memory, vector)
+        for memory, _ in rows:
+            if memory.status == MemoryStatus.SUPERSEDED:
+                state.superseded.setdefault(memory.superseded_by, []).append(memory.memory_id)
+        state.turn_marks = _turn_marks([m for m, _ in rows]) if state.superseded else {}
+        return state
+
+    def _stripe(self, key: tuple[str, str]) -> int:
+        return hash(key) % STRIPES
+
+    def _changed(self, key: tuple[str, str]) -> None:
+        """A change of the user's rows or state landed (called under _lock): loads in flight are stale."""
+        self._changes[self._stripe(key)] += 1
 
     def _stored_vectors(self, rows: Sequence[tuple[Memory, bytes]]) -> list[np.ndarray]:
         """The rows' vectors; those of another dimension (written under another embedder, e.g. before
@@ -143,8 +178,8 @@ class MemoryService:
         subject = memory_subject(inp)
         vector = self._vector(inp.content, inp.embedding)
         with self._writer(scope):
+            state = self.user(scope)
             with self._lock:
-                state = self.user(scope)
                 twin = self._near_duplicate(state, inp, vector, at)
                 twin_blob = self._blob(state, twin.memory_id) if twin is not None else b""
                 older = state.same_subject(inp.type, subject) if subject and twin is None else []
@@ -192,13 +227,15 @@ class MemoryService:
     # fsync) must not stall BuildContext and searches of other users. Writers of one user are
     # serialised, so decisions (merge, supersede) see every earlier write of that user.
     def _writer(self, scope: Scope) -> threading.Lock:
-        return self._writer_locks[hash(scope_key(scope)) % len(self._writer_locks)]
+        return self._writer_locks[self._stripe(scope_key(scope))]
 
     def _apply(self, scope: Scope, change: Callable[[UserMemories], None]) -> None:
         """A committed change, applied to the user's state if it is loaded. A state loaded while the
         write was in flight may already hold it: every change is idempotent."""
+        key = scope_key(scope)
         with self._lock:
-            state = self._users.get(scope_key(scope))
+            self._changed(key)
+            state = self._users.get(key)
             if state is not None:
                 change(state)
 
@@ -239,8 +276,9 @@ class MemoryService:
                   else self.embedder.embed([query])[0] if query.strip() else None)
         if vector is None and not query.strip():
             raise InvalidArgument("query or query_embedding is required")
+        state = self.user(scope)
         with self._lock:
-            return self.user(scope).search(vector, query, top_k or 10, now_ms=now_ms(), types=types,
+            return state.search(vector, query, top_k or 10, now_ms=now_ms(), types=types,
                                            min_score=min_score if min_score else float("-inf"))
 
     def list(self, scope: Scope, page_size: int, page_token: str, types: Sequence[MemoryType],
@@ -356,11 +394,14 @@ class MemoryService:
 
     def invalidate(self, scope: Scope) -> None:
         """Drop the user's in-process state (another replica wrote); rebuilt from rows on next use."""
+        key = scope_key(scope)
         with self._lock:
-            self._users.pop(scope_key(scope), None)
+            self._changed(key)
+            self._users.pop(key, None)
 
     def forget_user(self, scope: Scope) -> dict[str, int]:
         with self._writer(scope), self._lock:
+            self._changed(scope_key(scope))
             state = self._users.pop(scope_key(scope), None)
             index_entries = len(state.index) if state else len(self.store.active_memories_with_embeddings(scope))
             counts = self.store.forget_user(scope)
@@ -374,5 +415,6 @@ class MemoryService:
             return float(sum(len(u.index) for u in self._users.values()))
 
     def indexed_ids(self, scope: Scope) -> list[str]:
+        state = self.user(scope)
         with self._lock:
-            return sorted(self.user(scope).index.keys())
+            return sorted(state.index.keys())

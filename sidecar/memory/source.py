@@ -56,8 +56,8 @@ class MemorySource:
         if inp.budget.memories <= 0:
             return [batch]
         now = inp.now_ms
+        state = self.memories.user(inp.scope)  # loaded (if need be) before the lock: see MemoryService.user
         with self.memories._lock:
-            state = self.memories.user(inp.scope)
             if not state.active:
                 return [batch]
             query, sub_agent = _query(inp), bool(inp.view.session.parent_session_id)
