@@ -157,8 +157,15 @@ def test_snapshots_are_saved_on_eviction_and_close_and_dropped_when_the_rows_cha
     source.evict(SCOPE)
     assert len(_files(store)) == 1
     store.turns = turns + _turns(1, 6, first=4)
-    source.on_append(SCOPE, "s4", store.turns[24:])  # the user is not in memory: loaded from rows
-    assert _files(store) == [] and store.reads == 2 and source.indexed(SCOPE) == 30
+    # The user is not in memory: their saved index is restored and gains the new turns, as it would in
+    # memory (a returning user's first message reads no rows), and it ranks as one built from rows.
+    source.on_append(SCOPE, "s4", store.turns[24:])
+    assert _files(store) == [] and store.reads == 1 and source.indexed(SCOPE) == 30
+    from_rows = EpisodicSource(_FileStore(store.turns, tmp_path / "rows.duckdb"), HashEmbedder(64))
+    for q in QUERIES:
+        grown, built = source.search(SCOPE, q, "", 4000), from_rows.search(SCOPE, q, "", 4000)
+        assert list(grown[0].ids) == list(built[0].ids)
+        assert np.array_equal(grown[1], built[1]) and np.allclose(grown[2], built[2])
     for gone in (source.drop_user, source.forget):  # a deletion, ForgetUser
         source.search(SCOPE, query, "", 4000)
         source.evict(SCOPE)

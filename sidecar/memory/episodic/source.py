@@ -11,6 +11,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
@@ -56,6 +57,8 @@ MAX_USERS = 2048  # users kept in memory; an evicted one is rebuilt from rows on
 MAX_TURNS_PER_USER = 4096
 MAX_TOTAL_TURNS = 262_144
 PASSAGES_KEPT = 4096  # long turns whose pieces, and packed texts (passages, marks) whose token counts, are kept
+STRIPES = 64  # users share change serials by hash (see _user)
+LOAD_TRIES = 3  # loads without the lock before one under it (changes kept landing on the stripe)
 
 
 class EpisodicSource:
@@ -84,6 +87,9 @@ class EpisodicSource:
         self._pieces: OrderedDict[tuple[int, int, int], list[tuple[int, int]]] = OrderedDict()
         self._line_tokens: dict[tuple[int, int, int, int], int] = {}
         self._lock = threading.RLock()
+        # By user stripe, a serial bumped (under _lock) by every change of a user's turns or index: an
+        # index loaded without the lock is kept only if its stripe's serial did not move meanwhile.
+        self._changes = [0] * STRIPES
         self._closing = threading.Event()
         # Users' indexes saved when they leave memory (evicted, or the process closing) and restored
         # on their next call instead of rebuilt from rows; names of the files that are current.
@@ -129,6 +135,7 @@ class EpisodicSource:
         with self._lock:
             self.embedder, self.dim, self.ranking = embedder, embedder.dim, ranking
             self.takes_client_vectors = True
+            self._changes = [c + 1 for c in self._changes]
             self._users.clear()
             self._ranked.clear()
 
@@ -138,31 +145,36 @@ class EpisodicSource:
         rebuild embeds every turn again."""
         with self._lock:
             if _index_knobs(ranking) != _index_knobs(self.ranking):
+                self._changes = [c + 1 for c in self._changes]
                 self._users.clear()
             self._ranked.clear()
             self.ranking = ranking
 
     # ------------------------------------------------------------------ upkeep
     def on_append(self, scope: Scope, session_id: str, messages: list[Message]) -> None:
-        """store.append_listeners hook: index new turns of a user already in memory, or load the
-        user from rows (which already hold these turns) so the next BuildContext stays fast."""
+        """store.append_listeners hook: index new turns of the user, loading them first if need be (a
+        returning user's saved index is restored, and gains these turns as a user in memory does; without
+        one it is built from rows, which hold them already: add() skips turns it has)."""
         if not any(m.role in INDEXED_ROLES for m in messages):
             return
         view = self.store.session_view(scope, session_id)  # cached: the append just loaded it
         if view is None or view.session.parent_session_id:
             return  # a sub-agent's turns reach other sessions only as its result summary
+        key = (scope.tenant_id, scope.user_id)
+        try:
+            self._user(scope)
+        except Exception:
+            log.exception("episodic index load failed for a user; rebuilt from rows on next use")
+            self.drop_user(scope)
+            return
         with self._lock:
-            key = (scope.tenant_id, scope.user_id)
+            self._changed(key)
+            self._discard(key)  # the user's rows changed: a saved index lacks these turns
             state = self._users.get(key)
+            if state is None:  # left memory meanwhile: its next load reads these turns from rows
+                return
             try:
-                if state is None:
-                    self._discard(key)  # it lacks these turns
-                    self._load(scope)
-                    return
-                added = state.add(messages, self.embedder, self.ranking.stem)
-                if added:
-                    self._discard(key)
-                if added and len(state) > self.max_turns_per_user:
+                if state.add(messages, self.embedder, self.ranking.stem) and len(state) > self.max_turns_per_user:
                     # Keep the newest three quarters, so the next compaction is a quarter of the cap away.
                     self._users[key] = state.compacted(len(state) - self.max_turns_per_user * 3 // 4)
                     self._ranked.drop(state)
@@ -181,6 +193,7 @@ class EpisodicSource:
         often comes next)."""
         with self._lock:
             key = (scope.tenant_id, scope.user_id)
+            self._changed(key)
             self._discard(key)
             try:
                 self._load(scope).warm(self.ranking)
@@ -199,6 +212,7 @@ class EpisodicSource:
         snapshot holds the turns hidden when it was saved: it is deleted."""
         with self._lock:
             key = (scope.tenant_id, scope.user_id)
+            self._changed(key)
             self._discard(key)
             state = self._users.get(key)
             if state is not None:
@@ -208,6 +222,7 @@ class EpisodicSource:
     def drop_user(self, scope: Scope) -> None:
         """Forget the user's in-memory index and its snapshot (rebuilt from rows when next needed)."""
         with self._lock:
+            self._changed((scope.tenant_id, scope.user_id))
             state = self._users.pop((scope.tenant_id, scope.user_id), None)
             if state is not None:
                 self._ranked.drop(state)
@@ -225,6 +240,7 @@ class EpisodicSource:
     def forget(self, scope: Scope) -> dict[str, int]:
         """ForgetUser hook: drop the user's index and its snapshot (their rows are deleted by the store)."""
         with self._lock:
+            self._changed((scope.tenant_id, scope.user_id))
             state = self._users.pop((scope.tenant_id, scope.user_id), None)
             if state is not None:
                 self._ranked.drop(state)  # the rankings hold the user's questions
@@ -236,26 +252,73 @@ class EpisodicSource:
             state = self._users.get((scope.tenant_id, scope.user_id))
             return len(state) if state else 0
 
-    def _load(self, scope: Scope) -> _UserIndex:
+    def _user(self, scope: Scope) -> _UserIndex:
+        """The user's index, loaded on first use (restored from its snapshot, or built from rows) without
+        the lock, so calls for other users do not wait behind the read and the build; it is kept only if
+        no change of the user's stripe landed meanwhile (turns appended, hidden, forgotten; the knobs
+        changed), else loaded again, and after LOAD_TRIES under the lock."""
         key = (scope.tenant_id, scope.user_id)
-        window, date_headers, context, context_chars, context_mix, stemmed = _index_knobs(self.ranking)
-        state = self._restore(key)
+        stripe = hash(key) % STRIPES
+        for _ in range(LOAD_TRIES):
+            with self._lock:
+                state = self._users.get(key)
+                if state is not None:
+                    self._users.move_to_end(key)
+                    return state
+                seen = self._changes[stripe]
+                snapshot = self._snapshot_path(key)
+                embedder, ranking, meta = self.embedder, self.ranking, self._meta()
+            restored = self._restore(snapshot, meta) if snapshot is not None else None
+            loaded = restored if restored is not None else self._from_rows(scope, embedder, ranking)
+            with self._lock:
+                state = self._users.get(key)
+                if state is not None:  # another call loaded it first
+                    self._users.move_to_end(key)
+                    return state
+                if self._changes[stripe] == seen:
+                    if snapshot is not None and restored is None:
+                        self._discard(key)  # unreadable: it is rebuilt from rows until saved again
+                    self._install(key, loaded)
+                    return loaded
+        with self._lock:
+            state = self._users.get(key)
+            return state if state is not None else self._load(scope)
+
+    def _load(self, scope: Scope) -> _UserIndex:
+        """The user's index loaded and kept, all under the lock (held by the caller)."""
+        key = (scope.tenant_id, scope.user_id)
+        snapshot = self._snapshot_path(key)
+        state = self._restore(snapshot, self._meta()) if snapshot is not None else None
         if state is None:
-            state = _UserIndex(dim=self.dim, window=window, dated=not date_headers, context=context,
-                               context_chars=context_chars, context_mix=context_mix)
-            # Read no more than the cap allows (a long history must not make this slower over time); past
-            # the cap keep the newest three quarters, so the next compaction is a quarter of the cap away.
-            rows = self._rows(scope, self.max_turns_per_user + 1)
-            if len(rows) > self.max_turns_per_user:
-                rows = rows[-(self.max_turns_per_user * 3 // 4):]
-            state.add(rows, self.embedder, stemmed)
-            state.hide(self.store.recall_exclusions(scope))  # a snapshot holds them (exclude deletes it)
+            if snapshot is not None:
+                self._discard(key)
+            state = self._from_rows(scope, self.embedder, self.ranking)
+        self._install(key, state)
+        return state
+
+    def _from_rows(self, scope: Scope, embedder: Embedder, ranking: Ranking) -> _UserIndex:
+        window, date_headers, context, context_chars, context_mix, stemmed = _index_knobs(ranking)
+        state = _UserIndex(dim=embedder.dim, window=window, dated=not date_headers, context=context,
+                           context_chars=context_chars, context_mix=context_mix)
+        # Read no more than the cap allows (a long history must not make this slower over time); past
+        # the cap keep the newest three quarters, so the next compaction is a quarter of the cap away.
+        rows = self._rows(scope, self.max_turns_per_user + 1)
+        if len(rows) > self.max_turns_per_user:
+            rows = rows[-(self.max_turns_per_user * 3 // 4):]
+        state.add(rows, embedder, stemmed)
+        state.hide(self.store.recall_exclusions(scope))  # a snapshot holds them (exclude deletes it)
+        return state
+
+    def _install(self, key: tuple[str, str], state: _UserIndex) -> None:
         old = self._users.pop(key, None)
         if old is not None:
             self._ranked.drop(old)
         self._users[key] = state
         self._bound(key)
-        return state
+
+    def _changed(self, key: tuple[str, str]) -> None:
+        """A change of the user's turns or index landed (called under _lock): loads in flight are stale."""
+        self._changes[hash(key) % STRIPES] += 1
 
     def _bound(self, keep: tuple[str, str]) -> None:
         """Evict least recently used users past MAX_USERS or MAX_TOTAL_TURNS (never `keep`)."""
@@ -298,18 +361,24 @@ class EpisodicSource:
             old, _ = self._snapshots.popitem(last=False)
             (self._snapshot_dir / old).unlink(missing_ok=True)
 
-    def _restore(self, key: tuple[str, str]) -> _UserIndex | None:
+    def _snapshot_path(self, key: tuple[str, str]) -> Path | None:
+        """The user's snapshot file while it is current (under the lock: see _save)."""
         name = _snapshot_name(key)
         if self._snapshot_dir is None or name not in self._snapshots:
             return None
+        return self._snapshot_dir / name
+
+    @staticmethod
+    def _restore(path: Path, meta: tuple) -> _UserIndex | None:
+        """The index saved in `path`; None where it is unreadable, of another build, or was deleted
+        meanwhile (a load without the lock then finds its stripe's serial moved)."""
         try:
-            state = _UserIndex.restore(map_snapshot(self._snapshot_dir / name), self._meta())
+            return _UserIndex.restore(map_snapshot(path), meta)
+        except FileNotFoundError:
+            return None
         except Exception:
             log.exception("episodic snapshot unreadable; the user is rebuilt from rows")
-            state = None
-        if state is None:
-            self._discard(key)
-        return state
+            return None
 
     def _discard(self, key: tuple[str, str]) -> None:
         """The user's rows changed (or are gone): their snapshot, if any, is deleted."""
@@ -348,12 +417,11 @@ class EpisodicSource:
         qvec = None
         if text is not None and (known is None or self._ranked.get(known, memo) is None):
             qvec = self.embedder.embed([text])[0]
+        self._user(scope)  # loaded (if need be) before the lock
         with self._lock:
             state = self._users.get(key)
-            if state is None:
+            if state is None:  # left memory again at once (another call's load evicted it)
                 state = self._load(scope)
-            else:
-                self._users.move_to_end(key)
             empty = np.zeros(0, np.int64), np.zeros(0)
             own = len(state.session_rows.get(exclude_session, ()))
             if len(state) <= own or not query:  # nothing outside the current session to recall
