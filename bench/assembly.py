@@ -9,6 +9,8 @@ opened again on the same database, and each user returns: opens a new session an
 question (freshly loaded); then, in rounds, every user is evicted from memory (as the least recently
 used are) and returns again: `cold_user_first_build_p50_ms` / `_p99_ms`. `warm_new_query_p50_ms`: a
 user still in memory asks a question not asked before in the session they are in.
+`cold_user_first_append_p50_ms` / `_p99_ms`: an evicted user's first message (AppendMessages in a new
+session), which indexes it into their recall index.
 
 Throughput comes from the compiled Go load generator (clients/go/cmd/loadgen, built here once by
 clients/go/build.sh) when the Go toolchain is installed (clients/install-toolchains.sh go): on a
@@ -233,10 +235,26 @@ def cold_users(quick: bool) -> dict:
     for uid, _, qs in measured:  # the session asked in is loaded once (eviction dropped it): not a question's cost
         ask(uid, qs, returning=False)
     warm = [ask(uid, qs, returning=False) for _ in range(warm_asks) for uid, _, qs in measured]
+
+    def says(uid: str) -> float:
+        """A returning user's first message (AppendMessages in a session they open now), timed."""
+        scope = Scope("cold", uid)
+        app.episodic.evict(scope)
+        app.memories.invalidate(scope)
+        app.store.evict_user(scope)
+        sid = app.sessions.create(scope, "", "", {}).session_id
+        message = [NewMessage(role=Role.USER, text=next(q for q in pool if q not in asked[uid]))]
+        t = time.perf_counter()
+        app.sessions.append(scope, sid, message)
+        return time.perf_counter() - t
+
+    appends = [says(uid) for _ in range(rounds) for uid, _, _ in measured]
     app.close()
     shutil.rmtree(Path(db).parent, ignore_errors=True)
-    cold_stats, warm_stats = percentiles(cold), percentiles(warm)
+    cold_stats, warm_stats, append_stats = percentiles(cold), percentiles(warm), percentiles(appends)
     return {"cold_user_first_build_p50_ms": cold_stats["p50_ms"], "cold_user_first_build_p99_ms": cold_stats["p99_ms"],
+            "cold_user_first_append_p50_ms": append_stats["p50_ms"],
+            "cold_user_first_append_p99_ms": append_stats["p99_ms"],
             "warm_new_query_p50_ms": warm_stats["p50_ms"], "warm_new_query_p99_ms": warm_stats["p99_ms"],
             "cold_users": len(measured), "cold_user_turns": round(sum(turns[1:]) / len(measured)),
             "cold_user_data": data, "cold_samples": len(cold)}
@@ -439,7 +457,8 @@ def main() -> None:
           f"{figures['throughput_vs_floor']}; naive baseline p50 "
           f"{figures['baseline_p50_ms']} ms; a cold user's first question ({cold['cold_user_turns']} "
           f"{cold['cold_user_data']} turns) p50 {cold['cold_user_first_build_p50_ms']} ms p99 "
-          f"{cold['cold_user_first_build_p99_ms']} ms, a warm user's new question p50 "
+          f"{cold['cold_user_first_build_p99_ms']} ms, its first message p50 "
+          f"{cold['cold_user_first_append_p50_ms']} ms, a warm user's new question p50 "
           f"{cold['warm_new_query_p50_ms']} ms")
     emit(figures)
 
