@@ -391,10 +391,10 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
         words = self.words = list(self.words)
         self.vocab = dict(zip(words, range(len(words)), strict=True))
         self._lookup = None
-        ptr, rows, tfs = f["post_ptr"].tolist(), f["post_rows"].tolist(), f["post_tfs"].astype(np.int64).tolist()
-        self.postings = {w: (rows[ptr[i]:ptr[i + 1]], tfs[ptr[i]:ptr[i + 1]]) for i, w in enumerate(words)}
-        at, tp, tf = self.term_at.tolist(), self.term_ptr.tolist(), f["term_tf"].tolist()
-        self.row_terms = [tuple(words[i] for i in at[tp[r]:tp[r + 1]]) for r in range(n)]
+        self.postings = _Postings(self.vocab, f["post_ptr"], f["post_rows"], f["post_tfs"])
+        tp, tf = self.term_ptr.tolist(), f["term_tf"].tolist()
+        said = np.array(words, dtype=object)[self.term_at[:tp[n]]].tolist()  # each turn's terms, turn after turn
+        self.row_terms = [tuple(said[tp[r]:tp[r + 1]]) for r in range(n)]
         self.row_tfs = [tuple(tf[tp[r]:tp[r + 1]]) for r in range(n)]
         self.row_caps = [tuple(c.split("\x1f")) if c else () for c in f["caps"].split("\x1e")] if n else []
         self.texts = list(self.texts)
@@ -432,6 +432,30 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
     def _term_ids(self, wanted: set[str]) -> list[int]:
         """The ids of those of these terms this user says."""
         return [i for t in wanted if (i := self._term_id(t)) is not None]
+
+
+class _Postings(dict):
+    """A thawed index's postings, term -> (rows, counts) lists: a term's lists are made from the restored
+    arrays (rows and counts of term id i: rows / tfs[ptr[i]:ptr[i + 1]]) when first read, so a returning
+    user's first turn makes the lists of its own terms, not of every term the user ever said."""
+
+    def __init__(self, vocab: dict[str, int], ptr: np.ndarray, rows: np.ndarray, tfs: np.ndarray) -> None:
+        super().__init__()
+        self._vocab, self._ptr, self._rows, self._tfs = vocab, ptr, rows, tfs
+
+    def __missing__(self, term: str) -> tuple[list[int], list[int]]:
+        i = self._vocab[term]  # KeyError: a term the user never said
+        if i + 1 >= len(self._ptr):
+            raise KeyError(term)  # said only since the thaw: its lists are in the dict
+        lo, hi = int(self._ptr[i]), int(self._ptr[i + 1])
+        lists = self[term] = (self._rows[lo:hi].tolist(), self._tfs[lo:hi].astype(np.int64).tolist())
+        return lists
+
+    def get(self, term: str, default=None):  # type: ignore[override]  # dict.get skips __missing__
+        try:
+            return self[term]
+        except KeyError:
+            return default
 
 
 def _pick(values: list | StrColumn, rows: list[int]) -> list:
