@@ -35,6 +35,7 @@ class Running:
         self.address = f"127.0.0.1:{self.port}"
         self.channel = grpc.insecure_channel(self.address)
         self.stub = pb_grpc.ContextServiceStub(self.channel)
+        self.output = ""  # what it printed after the line above, once terminated
 
     def stop(self) -> None:
         self.channel.close()
@@ -105,10 +106,18 @@ class SidecarProcess:
         self.proc.kill()
         self.proc.wait()
 
-    def terminate(self, timeout: float = 10) -> int:
+    def terminate(self, timeout: float = 30) -> int:
+        """SIGTERM, then its exit status; what it printed is kept in `output` (read while it stops, so a
+        full pipe cannot stall it). 30 s: Kubernetes' default grace period before it kills a pod."""
         self.channel.close()
         self.proc.terminate()
-        return self.proc.wait(timeout=timeout)
+        try:
+            self.output, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            raise AssertionError(f"sidecar still running {timeout} s after SIGTERM; it printed:\n{out[-4000:]}") from None
+        return self.proc.returncode
 
 
 @pytest.fixture

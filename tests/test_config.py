@@ -216,6 +216,6 @@ def test_a_served_sidecar_takes_its_settings_from_the_file(spawn, tmp_path, monk
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
     server.stub.CreateSession(pb.CreateSessionRequest(scope=scope), metadata=[("authorization", "Bearer file-token")])
     assert server.terminate() == 0
-    log = server.proc.stdout.read()
+    log = server.output
     assert "rpc method=CreateSession code=UNAUTHENTICATED" in log  # log_level from the file
     assert "file-token" not in log

@@ -163,7 +163,7 @@ def test_served_with_otel_the_spans_reach_the_exporter(spawn, tmp_path: Path):
     server.stub.CreateSession(pb.CreateSessionRequest(scope=pb.Scope(tenant_id="t", user_id="u")),
                               metadata=[("traceparent", TRACEPARENT)])
     assert server.terminate() == 0
-    printed = server.proc.stdout.read()
+    printed = server.output
     assert '"name": "context_sidecar.v1.ContextService/CreateSession"' in printed
     assert f'"trace_id": "0x{TRACE_ID}"' in printed and f'"parent_id": "0x{CALLER_SPAN}"' in printed
     assert '"service.name": "sidecar-under-test"' in printed
