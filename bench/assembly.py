@@ -10,7 +10,9 @@ question (freshly loaded); then, in rounds, every user is evicted from memory (a
 used are) and returns again: `cold_user_first_build_p50_ms` / `_p99_ms`. `warm_new_query_p50_ms`: a
 user still in memory asks a question not asked before in the session they are in.
 `cold_user_first_append_p50_ms` / `_p99_ms`: an evicted user's first message (AppendMessages in a new
-session), which indexes it into their recall index.
+session), which indexes it into their recall index. `warm_beside_rebuild_p50_ms` / `_p99_ms`: warm
+users' new questions while a second thread rebuilds another user's recall index from rows over and
+over (as after a crash).
 
 Throughput comes from the compiled Go load generator (clients/go/cmd/loadgen, built here once by
 clients/go/build.sh) when the Go toolchain is installed (clients/install-toolchains.sh go): on a
@@ -35,6 +37,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -249,13 +252,32 @@ def cold_users(quick: bool) -> dict:
         return time.perf_counter() - t
 
     appends = [says(uid) for _ in range(rounds) for uid, _, _ in measured]
+
+    # Warm users' new questions while a second thread rebuilds another user's recall index from rows
+    # (as after a crash) again and again: what a load costs the users already in memory.
+    stop = threading.Event()
+
+    def rebuild(uid: str, qs: list[str]) -> None:
+        while not stop.is_set():
+            app.episodic.drop_user(Scope("cold", uid))
+            ask(uid, qs, returning=False)
+
+    rebuilder = threading.Thread(target=rebuild, args=(measured[0][0], measured[0][2]))
+    rebuilder.start()
+    try:
+        beside = [ask(uid, qs, returning=False) for _ in range(warm_asks * 3) for uid, _, qs in measured[1:]]
+    finally:
+        stop.set()
+        rebuilder.join()
     app.close()
     shutil.rmtree(Path(db).parent, ignore_errors=True)
     cold_stats, warm_stats, append_stats = percentiles(cold), percentiles(warm), percentiles(appends)
+    beside_stats = percentiles(beside)
     return {"cold_user_first_build_p50_ms": cold_stats["p50_ms"], "cold_user_first_build_p99_ms": cold_stats["p99_ms"],
             "cold_user_first_append_p50_ms": append_stats["p50_ms"],
             "cold_user_first_append_p99_ms": append_stats["p99_ms"],
             "warm_new_query_p50_ms": warm_stats["p50_ms"], "warm_new_query_p99_ms": warm_stats["p99_ms"],
+            "warm_beside_rebuild_p50_ms": beside_stats["p50_ms"], "warm_beside_rebuild_p99_ms": beside_stats["p99_ms"],
             "cold_users": len(measured), "cold_user_turns": round(sum(turns[1:]) / len(measured)),
             "cold_user_data": data, "cold_samples": len(cold)}
 
