@@ -221,6 +221,31 @@ def _turns(n_sessions: int, per_session: int) -> list[Message]:
     return out
 
 
+def test_turns_posted_at_once_equal_turns_posted_one_by_one():
+    """An index built from rows posts all its turns at once (the arrays a restored index keeps); one
+    grown turn by turn posts each into its lists: the same postings, term table and rankings."""
+    turns, more = _turns(5, 9)[:36], _turns(5, 9)[36:]
+    at_once, one_by_one = _UserIndex(dim=64, window=4), _UserIndex(dim=64, window=4)
+    at_once.add(turns, HashEmbedder(64), True)
+    for m in turns:
+        one_by_one.add([m], HashEmbedder(64), True)
+    assert at_once.words == one_by_one.words and at_once.vocab == one_by_one.vocab
+    assert at_once.posting_lists() == one_by_one.posting_lists() and len(at_once.posting_lists()) > 10
+    n = len(turns)
+    end = int(at_once.term_ptr[n])
+    assert np.array_equal(at_once.term_ptr[:n + 1], one_by_one.term_ptr[:n + 1])
+    assert np.array_equal(at_once.term_at[:end], one_by_one.term_at[:end])
+    size = len(at_once.words)
+    assert np.array_equal(at_once.term_df[:size], one_by_one.term_df[:size])
+    for q in ("When did Ann go hiking by the lake?", "guitar concert", "What did Bob bake?"):
+        qvec = fastpath.hash_embed([q], 64)[0]
+        assert np.array_equal(at_once.rank(q, qvec, "", DEFAULT_RANKING), one_by_one.rank(q, qvec, "", DEFAULT_RANKING))
+    # And both keep growing alike.
+    at_once.add(more, HashEmbedder(64), True)
+    one_by_one.add(more, HashEmbedder(64), True)
+    assert at_once.posting_lists() == one_by_one.posting_lists()
+
+
 @pytest.mark.parametrize("dated", [False, True])
 def test_compaction_equals_an_index_built_from_the_kept_turns(dated):
     """Dropping the oldest turns in memory (no rows read, nothing re-parsed) leaves exactly the index
@@ -232,7 +257,7 @@ def test_compaction_equals_an_index_built_from_the_kept_turns(dated):
     full.item_bodies([0, 20, 25])
     small = full.compacted(18)
     assert small.ids == fresh.ids and small.texts == fresh.texts and small.known == fresh.known
-    assert small.session_rows == fresh.session_rows and small.postings == fresh.postings
+    assert small.session_rows == fresh.session_rows and small.posting_lists() == fresh.posting_lists()
     assert small.total_len == fresh.total_len and small.day_items == fresh.day_items
     n = len(fresh)
     # Item bytes made before the cut are kept, and are those a fresh index makes.
@@ -292,7 +317,7 @@ def test_compaction_inside_a_session_cuts_its_neighbours():
     assert small.ids[0] == "m4" and small.position[0] == 4  # its place in the session is kept
     assert (small.nbr[0, :4] == -1).all() and small.nbr[0, 4] == 1  # no previous turn any more; next is m5
     assert small.session_rows == {"s0": list(range(5)), "s1": list(range(5, 14))}
-    assert all(r >= 0 for rows, _ in small.postings.values() for r in rows)
+    assert all(r >= 0 for rows, _ in small.posting_lists().values() for r in rows)
 
 
 def test_concepts_expand_category_words(running, user):

@@ -68,7 +68,7 @@ def test_a_restored_index_ranks_and_grows_exactly_like_the_saved_one():
     more = _turns(2, 8, first=5)
     restored.add(more, HashEmbedder(64), True)
     fresh = _index(turns + more)
-    assert restored.postings == fresh.postings and restored.row_terms == fresh.row_terms
+    assert restored.posting_lists() == fresh.posting_lists() and restored.row_terms == fresh.row_terms
     assert restored.row_tfs == fresh.row_tfs and restored.row_caps == fresh.row_caps
     assert _same(_ranks(restored), _ranks(fresh))
     # And so is a compaction of a restored index.

@@ -191,11 +191,11 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
                 counts[t] = counts.get(t, 0) + 1
             self.row_terms.append(tuple(counts))
             self.row_tfs.append(tuple(counts.values()))
-            self._post(row)
             self.doc_len[row] = len(words)
             self.voice[row] = voice(m.text)
             self.row_caps.append(capitalised(m.text))
             self.total_len += len(words)
+        self._post_rows(start, end)
         # A new speaker's name (or a nickname it starts with: "Mel") is no proper noun in any turn.
         self._mark_proper(0 if len(self.speakers) > speakers else start)
         if len(self.speakers) > speakers:
@@ -225,6 +225,34 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
                         self.sources[row], Category.MEMORIES, int(self.tokens[row]), self.texts[row],
                         int(self.roles[row]), int(self.timestamps[row]), (self.ids[row],))
         return got  # type: ignore[return-value]  # no None left
+
+    def _post_rows(self, start: int, end: int) -> None:
+        """Add rows start..end to the postings: one by one (_post), or, into an index that has none
+        yet (built from rows, compacted), all at once as the arrays a restored index keeps, whose
+        lists _Postings makes for a term when a later turn adds to it."""
+        if start or self.words:
+            for row in range(start, end):
+                self._post(row)
+            return
+        vocab = self.vocab
+        ids = [vocab.setdefault(t, len(vocab)) for row in self.row_terms[:end] for t in row]  # new terms, new ids
+        self.words.extend(itertools.islice(vocab, len(self.words), None))
+        lens = np.fromiter(map(len, self.row_terms[:end]), np.int64, end)
+        at = np.array(ids, np.int32)
+        self.term_at = np.concatenate([at, np.zeros(max(len(at), 4096), np.int32)])
+        self.term_ptr = np.zeros(max(end + 1, len(self.term_ptr)), np.int64)
+        np.cumsum(lens, out=self.term_ptr[1:end + 1])
+        size = len(self.words)
+        counts = np.bincount(at, minlength=size)
+        self.term_df = np.zeros(max(size, len(self.term_df)), np.int32)
+        self.term_df[:size] = counts
+        order = np.argsort(at, kind="stable")  # by term, rows rising within one
+        post_ptr = np.zeros(size + 1, np.int64)
+        np.cumsum(counts, out=post_ptr[1:])
+        rows = np.repeat(np.arange(end, dtype=np.int64), lens)[order]
+        tfs = np.fromiter(itertools.chain.from_iterable(self.row_tfs[:end]), np.float32, len(ids))[order]
+        self.postings = _Postings(vocab, post_ptr, rows, tfs)
+        self.arrays = {}
 
     def _post(self, row: int) -> None:
         """Add a row's term counts (row_terms, row_tfs) to the postings (rows in order)."""
@@ -274,8 +302,7 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
         for row, sid in enumerate(out.sessions):
             out.session_rows.setdefault(sid, []).append(row)
             out.session_of[row] = session_ids.setdefault(sid, len(session_ids))
-        for row in range(n):
-            out._post(row)
+        out._post_rows(0, n)
         out.total_len = float(out.doc_len[:n].sum())
         days = set(out.day_of[:n].tolist())
         out.day_items = {d: item for d, item in self.day_items.items() if d in days}
@@ -321,17 +348,23 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
         until _thaw (a term's rows and counts: post_rows / post_tfs[post_ptr[id]:post_ptr[id + 1]])."""
         if self._frozen is not None:
             return self._frozen
-        n, words = len(self.ids), self.words
-        sizes = [len(self.postings[w][0]) for w in words]
+        n = len(self.ids)
+        lists = self.posting_lists().values()
+        sizes = [len(rows) for rows, _ in lists]
         total = sum(sizes)
         return {
             "caps": "\x1e".join("\x1f".join(c) for c in self.row_caps),
             "term_tf": np.fromiter(itertools.chain.from_iterable(self.row_tfs), np.int32, int(self.term_ptr[n])),
             "post_ptr": np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]),
-            "post_rows": np.fromiter(itertools.chain.from_iterable(self.postings[w][0] for w in words), np.int64, total),
+            "post_rows": np.fromiter(itertools.chain.from_iterable(rows for rows, _ in lists), np.int64, total),
             # float32, as _arrays hands them to the ranking: a restored index slices them, no conversion
-            "post_tfs": np.fromiter(itertools.chain.from_iterable(self.postings[w][1] for w in words), np.float32, total),
+            "post_tfs": np.fromiter(itertools.chain.from_iterable(tfs for _, tfs in lists), np.float32, total),
         }
+
+    def posting_lists(self) -> dict[str, tuple[list[int], list[int]]]:
+        """Every term's (rows, counts) lists, in term id order (those _Postings has not made yet, made
+        now); for an index that is not restored, or thawed."""
+        return {w: self.postings[w] for w in self.words}
 
     def _words_lookup(self) -> StrLookup:
         return self._lookup if self._lookup is not None else StrLookup.of(StrColumn.of(self.words))
