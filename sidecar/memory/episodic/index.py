@@ -57,7 +57,7 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
     known: set[str] = field(default_factory=set)
     session_rows: dict[str, list[int]] = field(default_factory=dict)
     speakers: dict[str, int] = field(default_factory=dict)  # lowercased name -> speaker id
-    postings: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+    postings: _Postings = field(init=False)  # term -> (rows, counts), made in __post_init__
     arrays: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     vocab: dict[str, int] = field(default_factory=dict)  # term -> id, for co-occurrence counts (empty while restored)
     words: list[str] | StrColumn = field(default_factory=list)  # id -> term (a StrColumn while restored)
@@ -74,6 +74,7 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
 
     def __post_init__(self) -> None:
         self.serial = next(_SERIALS)  # names this index in _RankedCache (never reused, unlike id())
+        self.postings = _Postings(self.vocab, np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
         # A restored index (restore()) keeps its postings, per-turn terms and capitalised words in the
         # compact arrays it was saved as until a turn is added or it is compacted (_thaw).
         self._frozen: dict | None = None
@@ -445,10 +446,10 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
             lo, hi = int(f["post_ptr"][tid]), int(f["post_ptr"][tid + 1])
             arrays = self.arrays[t] = (f["post_rows"][lo:hi], f["post_tfs"][lo:hi])
         elif arrays is None:
-            posting = self.postings.get(t)
-            if posting is None:
+            arrays = self.postings.arrays(t)
+            if arrays is None:
                 return None
-            arrays = self.arrays[t] = (np.asarray(posting[0], np.int64), np.asarray(posting[1], np.float32))
+            self.arrays[t] = arrays
         return arrays
 
     def _neighbour_rows(self) -> np.ndarray:
@@ -489,6 +490,18 @@ class _Postings(dict):
             return self[term]
         except KeyError:
             return default
+
+    def arrays(self, term: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """The term's (rows int64, counts float32) for ranking: its lists as arrays once made, else slices
+        of the arrays (no lists made); None for a term never said."""
+        lists = dict.get(self, term)
+        if lists is not None:
+            return np.asarray(lists[0], np.int64), np.asarray(lists[1], np.float32)
+        i = self._vocab.get(term)
+        if i is None or i + 1 >= len(self._ptr):
+            return None
+        lo, hi = int(self._ptr[i]), int(self._ptr[i + 1])
+        return self._rows[lo:hi], self._tfs[lo:hi]
 
 
 def _pick(values: list | StrColumn, rows: list[int]) -> list:
