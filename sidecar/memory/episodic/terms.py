@@ -76,9 +76,17 @@ QUESTION_WORDS = frozenset(stem(w) for w in (
 
 
 def terms(text: str, *, stemmed: bool = True) -> list[str]:
+    if stemmed:
+        return [t for w in _WORD_RE.findall(text.lower()) if (t := _stemmed_term(w))]
     words = [w.split("'")[0] for w in _WORD_RE.findall(text.lower())]
-    out = [w for w in words if w and w not in STOPWORDS]
-    return [stem(w) for w in out] if stemmed else out
+    return [w for w in words if w and w not in STOPWORDS]
+
+
+@lru_cache(maxsize=1 << 16)
+def _stemmed_term(word: str) -> str:
+    """A matched word's stemmed term: "" for a stopword (what it says before an apostrophe)."""
+    w = word.split("'")[0]
+    return stem(w) if w and w not in STOPWORDS else ""
 
 
 @lru_cache(maxsize=256)
