@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -21,12 +22,11 @@ from sidecar.memory.filters import near_duplicate
 from sidecar.memory.recall import ScoredMemory, SupersededTurn, UserMemories, scope_key
 from sidecar.secrets import contains_secret, looks_like_raw_log
 from sidecar.services.sessions import check_page_size, decode_page_token
+from sidecar.unlocked_loads import STRIPES, ChangeSerials
 
 MAX_CONTENT = 8 * 1024
 # Cosine above which two memories are the same statement (merged, not stored twice).
 MERGE_COSINE = 0.92
-STRIPES = 64  # users share writer locks and change serials by hash
-LOAD_TRIES = 3  # loads without the lock before one under it (writes kept landing on the stripe)
 
 
 @dataclass(slots=True)
@@ -87,9 +87,8 @@ class MemoryService:
         self._users: dict[tuple[str, str], UserMemories] = {}
         self._lock = threading.RLock()  # the users' in-memory state; held only for in-memory work
         self._writer_locks = [threading.Lock() for _ in range(STRIPES)]  # by user, across a write
-        # By user stripe, a serial bumped (under _lock) by every change of a user's rows or state: a
-        # state loaded without the lock is kept only if its stripe's serial did not move meanwhile.
-        self._changes = [0] * STRIPES
+        # Bumped (under _lock) by every change of a user's rows or state: see user().
+        self._changes = ChangeSerials()
         self._on_forget = list(on_forget or [])
         self._on_delete: list = []
 
@@ -106,28 +105,15 @@ class MemoryService:
         """The user's memory state, loaded from rows on first use. The load (a database read, then the
         index) runs without the lock, so calls for other users do not wait behind it; it is kept only
         if no change of the user's stripe landed meanwhile (a write, a deletion, a forget), else read
-        again, and after LOAD_TRIES under the lock."""
+        again (ChangeSerials.load)."""
         key = scope_key(scope)
-        stripe = self._stripe(key)
-        for _ in range(LOAD_TRIES):
-            with self._lock:
-                state = self._users.get(key)
-                if state is not None:
-                    return state
-                seen = self._changes[stripe]
-            loaded = self._load(scope)
-            with self._lock:
-                state = self._users.get(key)
-                if state is not None:  # another call loaded it first
-                    return state
-                if self._changes[stripe] == seen:
-                    self._users[key] = loaded
-                    return loaded
-        with self._lock:
-            state = self._users.get(key)
-            if state is None:
-                state = self._users[key] = self._load(scope)
-            return state
+
+        def keep(loaded: UserMemories) -> UserMemories:
+            self._users[key] = loaded
+            return loaded
+
+        return self._changes.load(self._lock, key, lambda: self._users.get(key), lambda: partial(self._load, scope),
+                                  keep, lambda: keep(self._load(scope)))
 
     def _load(self, scope: Scope) -> UserMemories:
         """The user's state from their rows, in one query: the active rows, who superseded whom, the
@@ -142,13 +128,6 @@ class MemoryService:
                 state.superseded.setdefault(memory.superseded_by, []).append(memory.memory_id)
         state.turn_marks = _turn_marks([m for m, _ in rows]) if state.superseded else {}
         return state
-
-    def _stripe(self, key: tuple[str, str]) -> int:
-        return hash(key) % STRIPES
-
-    def _changed(self, key: tuple[str, str]) -> None:
-        """A change of the user's rows or state landed (called under _lock): loads in flight are stale."""
-        self._changes[self._stripe(key)] += 1
 
     def _stored_vectors(self, rows: Sequence[tuple[Memory, bytes]]) -> list[np.ndarray]:
         """The rows' vectors; those of another dimension (written under another embedder, e.g. before
@@ -227,14 +206,14 @@ class MemoryService:
     # fsync) must not stall BuildContext and searches of other users. Writers of one user are
     # serialised, so decisions (merge, supersede) see every earlier write of that user.
     def _writer(self, scope: Scope) -> threading.Lock:
-        return self._writer_locks[self._stripe(scope_key(scope))]
+        return self._writer_locks[self._changes.stripe(scope_key(scope))]
 
     def _apply(self, scope: Scope, change: Callable[[UserMemories], None]) -> None:
         """A committed change, applied to the user's state if it is loaded. A state loaded while the
         write was in flight may already hold it: every change is idempotent."""
         key = scope_key(scope)
         with self._lock:
-            self._changed(key)
+            self._changes.changed(key)
             state = self._users.get(key)
             if state is not None:
                 change(state)
@@ -396,12 +375,12 @@ class MemoryService:
         """Drop the user's in-process state (another replica wrote); rebuilt from rows on next use."""
         key = scope_key(scope)
         with self._lock:
-            self._changed(key)
+            self._changes.changed(key)
             self._users.pop(key, None)
 
     def forget_user(self, scope: Scope) -> dict[str, int]:
         with self._writer(scope), self._lock:
-            self._changed(scope_key(scope))
+            self._changes.changed(scope_key(scope))
             state = self._users.pop(scope_key(scope), None)
             index_entries = len(state.index) if state else len(self.store.active_memories_with_embeddings(scope))
             counts = self.store.forget_user(scope)

@@ -478,12 +478,21 @@ class _Postings(dict):
         self._vocab, self._ptr, self._rows, self._tfs = vocab, ptr, rows, tfs
 
     def __missing__(self, term: str) -> tuple[list[int], list[int]]:
-        i = self._vocab[term]  # KeyError: a term the user never said
-        if i + 1 >= len(self._ptr):
-            raise KeyError(term)  # said only since the thaw: its lists are in the dict
-        lo, hi = int(self._ptr[i]), int(self._ptr[i + 1])
-        lists = self[term] = (self._rows[lo:hi].tolist(), self._tfs[lo:hi].astype(np.int64).tolist())
+        span = self._span(term)
+        if span is None:
+            raise KeyError(term)
+        rows, tfs = span
+        lists = self[term] = (rows.tolist(), tfs.astype(np.int64).tolist())
         return lists
+
+    def _span(self, term: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """The term's rows and counts in the arrays; None for a term never said, or said only since they
+        were made (its lists are in the dict)."""
+        i = self._vocab.get(term)
+        if i is None or i + 1 >= len(self._ptr):
+            return None
+        lo, hi = int(self._ptr[i]), int(self._ptr[i + 1])
+        return self._rows[lo:hi], self._tfs[lo:hi]
 
     def get(self, term: str, default=None):  # type: ignore[override]  # dict.get skips __missing__
         try:
@@ -497,11 +506,7 @@ class _Postings(dict):
         lists = dict.get(self, term)
         if lists is not None:
             return np.asarray(lists[0], np.int64), np.asarray(lists[1], np.float32)
-        i = self._vocab.get(term)
-        if i is None or i + 1 >= len(self._ptr):
-            return None
-        lo, hi = int(self._ptr[i]), int(self._ptr[i + 1])
-        return self._rows[lo:hi], self._tfs[lo:hi]
+        return self._span(term)
 
 
 def _pick(values: list | StrColumn, rows: list[int]) -> list:

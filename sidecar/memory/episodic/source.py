@@ -49,6 +49,7 @@ from sidecar.memory.episodic.snapshots import (
 from sidecar.memory.episodic.terms import _WORD_RE, names_pattern
 from sidecar.memory.recall import SupersededTurn
 from sidecar.tokens import count_line
+from sidecar.unlocked_loads import ChangeSerials
 
 MAX_USERS = 2048  # users kept in memory; an evicted one is rebuilt from rows on its next call
 # Memory bounds. A user's index holds their newest MAX_TURNS_PER_USER turns: past that it is rebuilt
@@ -57,8 +58,6 @@ MAX_USERS = 2048  # users kept in memory; an evicted one is rebuilt from rows on
 MAX_TURNS_PER_USER = 4096
 MAX_TOTAL_TURNS = 262_144
 PASSAGES_KEPT = 4096  # long turns whose pieces, and packed texts (passages, marks) whose token counts, are kept
-STRIPES = 64  # users share change serials by hash (see _user)
-LOAD_TRIES = 3  # loads without the lock before one under it (changes kept landing on the stripe)
 
 
 class EpisodicSource:
@@ -87,9 +86,8 @@ class EpisodicSource:
         self._pieces: OrderedDict[tuple[int, int, int], list[tuple[int, int]]] = OrderedDict()
         self._line_tokens: dict[tuple[int, int, int, int], int] = {}
         self._lock = threading.RLock()
-        # By user stripe, a serial bumped (under _lock) by every change of a user's turns or index: an
-        # index loaded without the lock is kept only if its stripe's serial did not move meanwhile.
-        self._changes = [0] * STRIPES
+        # Bumped (under _lock) by every change of a user's turns or index: see _user().
+        self._changes = ChangeSerials()
         self._closing = threading.Event()
         # Users' indexes saved when they leave memory (evicted, or the process closing) and restored
         # on their next call instead of rebuilt from rows; names of the files that are current.
@@ -135,7 +133,7 @@ class EpisodicSource:
         with self._lock:
             self.embedder, self.dim, self.ranking = embedder, embedder.dim, ranking
             self.takes_client_vectors = True
-            self._changes = [c + 1 for c in self._changes]
+            self._changes.changed_all()
             self._users.clear()
             self._ranked.clear()
 
@@ -145,7 +143,7 @@ class EpisodicSource:
         rebuild embeds every turn again."""
         with self._lock:
             if _index_knobs(ranking) != _index_knobs(self.ranking):
-                self._changes = [c + 1 for c in self._changes]
+                self._changes.changed_all()
                 self._users.clear()
             self._ranked.clear()
             self.ranking = ranking
@@ -168,7 +166,7 @@ class EpisodicSource:
             self.drop_user(scope)
             return
         with self._lock:
-            self._changed(key)
+            self._changes.changed(key)
             self._discard(key)  # the user's rows changed: a saved index lacks these turns
             state = self._users.get(key)
             if state is None:  # left memory meanwhile: its next load reads these turns from rows
@@ -193,7 +191,7 @@ class EpisodicSource:
         often comes next)."""
         with self._lock:
             key = (scope.tenant_id, scope.user_id)
-            self._changed(key)
+            self._changes.changed(key)
             self._discard(key)
             try:
                 self._load(scope).warm(self.ranking)
@@ -212,7 +210,7 @@ class EpisodicSource:
         snapshot holds the turns hidden when it was saved: it is deleted."""
         with self._lock:
             key = (scope.tenant_id, scope.user_id)
-            self._changed(key)
+            self._changes.changed(key)
             self._discard(key)
             state = self._users.get(key)
             if state is not None:
@@ -222,7 +220,7 @@ class EpisodicSource:
     def drop_user(self, scope: Scope) -> None:
         """Forget the user's in-memory index and its snapshot (rebuilt from rows when next needed)."""
         with self._lock:
-            self._changed((scope.tenant_id, scope.user_id))
+            self._changes.changed((scope.tenant_id, scope.user_id))
             state = self._users.pop((scope.tenant_id, scope.user_id), None)
             if state is not None:
                 self._ranked.drop(state)
@@ -240,7 +238,7 @@ class EpisodicSource:
     def forget(self, scope: Scope) -> dict[str, int]:
         """ForgetUser hook: drop the user's index and its snapshot (their rows are deleted by the store)."""
         with self._lock:
-            self._changed((scope.tenant_id, scope.user_id))
+            self._changes.changed((scope.tenant_id, scope.user_id))
             state = self._users.pop((scope.tenant_id, scope.user_id), None)
             if state is not None:
                 self._ranked.drop(state)  # the rankings hold the user's questions
@@ -256,45 +254,44 @@ class EpisodicSource:
         """The user's index, loaded on first use (restored from its snapshot, or built from rows) without
         the lock, so calls for other users do not wait behind the read and the build; it is kept only if
         no change of the user's stripe landed meanwhile (turns appended, hidden, forgotten; the knobs
-        changed), else loaded again, and after LOAD_TRIES under the lock."""
+        changed), else loaded again (ChangeSerials.load)."""
         key = (scope.tenant_id, scope.user_id)
-        stripe = hash(key) % STRIPES
-        for _ in range(LOAD_TRIES):
-            with self._lock:
-                state = self._users.get(key)
-                if state is not None:
-                    self._users.move_to_end(key)
-                    return state
-                seen = self._changes[stripe]
-                snapshot = self._snapshot_path(key)
-                embedder, ranking, meta = self.embedder, self.ranking, self._meta()
-            restored = self._restore(snapshot, meta) if snapshot is not None else None
-            loaded = restored if restored is not None else self._from_rows(scope, embedder, ranking)
-            with self._lock:
-                state = self._users.get(key)
-                if state is not None:  # another call loaded it first
-                    self._users.move_to_end(key)
-                    return state
-                if self._changes[stripe] == seen:
-                    if snapshot is not None and restored is None:
-                        self._discard(key)  # unreadable: it is rebuilt from rows until saved again
-                    self._install(key, loaded)
-                    return loaded
-        with self._lock:
+
+        def find() -> _UserIndex | None:
             state = self._users.get(key)
-            return state if state is not None else self._load(scope)
+            if state is not None:
+                self._users.move_to_end(key)
+            return state
+
+        def begin() -> Callable[[], tuple[_UserIndex, bool]]:
+            return partial(self._read, scope, self._snapshot_path(key), self.embedder, self.ranking, self._meta())
+
+        def keep(got: tuple[_UserIndex, bool]) -> _UserIndex:
+            state, unreadable = got
+            if unreadable:
+                self._discard(key)  # it is rebuilt from rows until saved again
+            self._install(key, state)
+            return state
+
+        return self._changes.load(self._lock, key, find, begin, keep, lambda: self._load(scope))
 
     def _load(self, scope: Scope) -> _UserIndex:
         """The user's index loaded and kept, all under the lock (held by the caller)."""
         key = (scope.tenant_id, scope.user_id)
-        snapshot = self._snapshot_path(key)
-        state = self._restore(snapshot, self._meta()) if snapshot is not None else None
-        if state is None:
-            if snapshot is not None:
-                self._discard(key)
-            state = self._from_rows(scope, self.embedder, self.ranking)
+        state, unreadable = self._read(scope, self._snapshot_path(key), self.embedder, self.ranking, self._meta())
+        if unreadable:
+            self._discard(key)
         self._install(key, state)
         return state
+
+    def _read(self, scope: Scope, snapshot: Path | None, embedder: Embedder, ranking: Ranking, meta: tuple
+              ) -> tuple[_UserIndex, bool]:
+        """(the user's index: restored from `snapshot` if given and readable, else built from rows, whether
+        the snapshot was unreadable); with these knobs, taken under the lock."""
+        restored = self._restore(snapshot, meta) if snapshot is not None else None
+        if restored is not None:
+            return restored, False
+        return self._from_rows(scope, embedder, ranking), snapshot is not None
 
     def _from_rows(self, scope: Scope, embedder: Embedder, ranking: Ranking) -> _UserIndex:
         window, date_headers, context, context_chars, context_mix, stemmed = _index_knobs(ranking)
@@ -315,10 +312,6 @@ class EpisodicSource:
             self._ranked.drop(old)
         self._users[key] = state
         self._bound(key)
-
-    def _changed(self, key: tuple[str, str]) -> None:
-        """A change of the user's turns or index landed (called under _lock): loads in flight are stale."""
-        self._changes[hash(key) % STRIPES] += 1
 
     def _bound(self, keep: tuple[str, str]) -> None:
         """Evict least recently used users past MAX_USERS or MAX_TOTAL_TURNS (never `keep`)."""
