@@ -228,12 +228,15 @@ def cold_users(quick: bool) -> dict:
     ask(users[0][0], users[0][2])  # the process's first call
     measured = users[1:]
     cold = [ask(uid, qs) for uid, _, qs in measured]
+    def evict(scope: Scope) -> None:
+        """The user leaves memory as the least recently used do."""
+        app.episodic.evict(scope)
+        app.memories.invalidate(scope)
+        app.store.evict_user(scope)
+
     for _ in range(rounds - 1):
         for uid, _, qs in measured:
-            scope = Scope("cold", uid)
-            app.episodic.evict(scope)
-            app.memories.invalidate(scope)
-            app.store.evict_user(scope)
+            evict(Scope("cold", uid))
             cold.append(ask(uid, qs))
     for uid, _, qs in measured:  # the session asked in is loaded once (eviction dropped it): not a question's cost
         ask(uid, qs, returning=False)
@@ -242,9 +245,7 @@ def cold_users(quick: bool) -> dict:
     def says(uid: str) -> float:
         """A returning user's first message (AppendMessages in a session they open now), timed."""
         scope = Scope("cold", uid)
-        app.episodic.evict(scope)
-        app.memories.invalidate(scope)
-        app.store.evict_user(scope)
+        evict(scope)
         sid = app.sessions.create(scope, "", "", {}).session_id
         message = [NewMessage(role=Role.USER, text=next(q for q in pool if q not in asked[uid]))]
         t = time.perf_counter()

@@ -35,7 +35,6 @@ class Running:
         self.address = f"127.0.0.1:{self.port}"
         self.channel = grpc.insecure_channel(self.address)
         self.stub = pb_grpc.ContextServiceStub(self.channel)
-        self.output = ""  # what it printed after the line above, once terminated
 
     def stop(self) -> None:
         self.channel.close()
@@ -100,6 +99,7 @@ class SidecarProcess:
             raise RuntimeError("sidecar did not start in 30 s")
         self.channel = grpc.insecure_channel(self.address)
         self.stub = pb_grpc.ContextServiceStub(self.channel)
+        self.output = ""  # what it printed after the line above, once terminated
 
     def kill9(self) -> None:
         self.channel.close()
