@@ -185,18 +185,9 @@ def longmemeval_users(n: int):
     return out
 
 
-def cold_users(quick: bool) -> dict:
-    """What a user's first question costs when their past is not in memory, and a warm user's new
-    question (see the module's docstring). The first user only warms the process up."""
-    n_users, rounds, warm_asks = (3, 5, 6) if quick else (12, 6, 10)
-    users = longmemeval_users(n_users + 1)
-    data = "longmemeval" if users is not None else "synthetic"
-    if users is None:
-        users = synthetic_users(n_users + 1)
-    # Questions not asked before by anyone: each user's own first, then the others' in turn.
-    pool = list(dict.fromkeys(q for _, _, qs in users for q in qs))
-    db = tempfile.mkdtemp(prefix="sidecar-cold-") + "/cold.duckdb"
-    app = Sidecar(db)
+def replay_users(app: Sidecar, users) -> list[int]:
+    """Store each user's sessions (as AppendMessages and CommitTurn would, extraction awaited) and a
+    session "ask" for questions asked in place; the turns of each."""
     turns = []
     for uid, sessions, _ in users:
         scope = Scope("cold", uid)
@@ -209,6 +200,46 @@ def cold_users(quick: bool) -> dict:
         app.worker.wait(scope, jobs, 300)
         app.sessions.create(scope, "ask", "", {})
         turns.append(sum(map(len, sessions)))
+    return turns
+
+
+def next_question(asked: set[str], own: list[str], pool: list[str]) -> str:
+    """The user's first question not asked yet (their own, then everyone's), marked asked."""
+    query = next(q for q in itertools.chain(own, pool) if q not in asked)
+    asked.add(query)
+    return query
+
+
+def evict(app: Sidecar, scope: Scope) -> None:
+    """The user leaves memory as the least recently used do."""
+    app.episodic.evict(scope)
+    app.memories.invalidate(scope)
+    app.store.evict_user(scope)
+
+
+def new_question(app: Sidecar, uid: str, query: str, returning: bool = True) -> float:
+    """Seconds to answer `query` (BuildContext and its response bytes); a returning user asks it in a
+    session they open now (not timed), else in their session "ask"."""
+    sid = app.sessions.create(Scope("cold", uid), "", "", {}).session_id if returning else "ask"
+    req = BuildRequest(session_id=sid, query=query)
+    t = time.perf_counter()
+    convert.build_response_bytes(app.builder.build(Scope("cold", uid), req), 0)  # what the server sends
+    return time.perf_counter() - t
+
+
+def cold_users(quick: bool) -> dict:
+    """What a user's first question costs when their past is not in memory, and a warm user's new
+    question (see the module's docstring). The first user only warms the process up."""
+    n_users, rounds, warm_asks = (3, 5, 6) if quick else (12, 6, 10)
+    users = longmemeval_users(n_users + 1)
+    data = "longmemeval" if users is not None else "synthetic"
+    if users is None:
+        users = synthetic_users(n_users + 1)
+    # Questions not asked before by anyone: each user's own first, then the others' in turn.
+    pool = list(dict.fromkeys(q for _, _, qs in users for q in qs))
+    db = tempfile.mkdtemp(prefix="sidecar-cold-") + "/cold.duckdb"
+    app = Sidecar(db)
+    turns = replay_users(app, users)
     app.close()
     app = Sidecar(db)  # freshly loaded: no user in memory
     app.wait_warm_up(60.0)  # a serving process has long finished its start-up work
@@ -216,27 +247,14 @@ def cold_users(quick: bool) -> dict:
     asked: dict[str, set[str]] = {uid: set() for uid, _, _ in users}
 
     def ask(uid: str, own: list[str], returning: bool = True) -> float:
-        """A new question, timed; a returning user asks it in a session they open now (not timed)."""
-        query = next(q for q in itertools.chain(own, pool) if q not in asked[uid])
-        asked[uid].add(query)
-        sid = app.sessions.create(Scope("cold", uid), "", "", {}).session_id if returning else "ask"
-        req = BuildRequest(session_id=sid, query=query)
-        t = time.perf_counter()
-        convert.build_response_bytes(app.builder.build(Scope("cold", uid), req), 0)  # what the server sends
-        return time.perf_counter() - t
+        return new_question(app, uid, next_question(asked[uid], own, pool), returning)
 
     ask(users[0][0], users[0][2])  # the process's first call
     measured = users[1:]
     cold = [ask(uid, qs) for uid, _, qs in measured]
-    def evict(scope: Scope) -> None:
-        """The user leaves memory as the least recently used do."""
-        app.episodic.evict(scope)
-        app.memories.invalidate(scope)
-        app.store.evict_user(scope)
-
     for _ in range(rounds - 1):
         for uid, _, qs in measured:
-            evict(Scope("cold", uid))
+            evict(app, Scope("cold", uid))
             cold.append(ask(uid, qs))
     for uid, _, qs in measured:  # the session asked in is loaded once (eviction dropped it): not a question's cost
         ask(uid, qs, returning=False)
@@ -245,7 +263,7 @@ def cold_users(quick: bool) -> dict:
     def says(uid: str) -> float:
         """A returning user's first message (AppendMessages in a session they open now), timed."""
         scope = Scope("cold", uid)
-        evict(scope)
+        evict(app, scope)
         sid = app.sessions.create(scope, "", "", {}).session_id
         message = [NewMessage(role=Role.USER, text=next(q for q in pool if q not in asked[uid]))]
         t = time.perf_counter()

@@ -1,6 +1,9 @@
 """PostgreSQL backend bench (issue #9): BuildContext over gRPC on PostgreSQL beside DuckDB, database
 queries per BuildContext on each backend (the hot path must not query more on PostgreSQL), write
-throughput, and replica catch-up delay (write on A, read on B).
+throughput, replica catch-up delay (write on A, read on B), and a returning user's first question on
+PostgreSQL (~500 LongMemEval turns, in process): their recall index rebuilt from rows, as with no
+snapshot directory, against restored from the replica's own (`--episodic-snapshots`), two replicas
+of one schema asked in turn (`pg_cold_user_*`).
 
 python bench/replicas.py [--quick]      (needs PostgreSQL on 127.0.0.1:5432, database test)
 """
@@ -14,12 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from assembly import evict, longmemeval_users, new_question, next_question, replay_users, synthetic_users
 from harness import ServerProcess, emit, percentiles, throughput, time_calls
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sidecar.api import context_service_pb2 as pb  # noqa: E402
-from sidecar.app import Sidecar  # noqa: E402
+from sidecar.app import Settings, Sidecar  # noqa: E402
 from sidecar.assembly.builder import BuildRequest  # noqa: E402
 from sidecar.domain import NewMessage, Role, Scope  # noqa: E402
 from tests.pg import pg_admin, pg_create_schema, pg_drop_schema, pg_url  # noqa: E402
@@ -85,6 +89,42 @@ def catch_up_delays(a, b, trials: int) -> list[float]:
     return out
 
 
+def pg_cold_users(admin, quick: bool) -> dict:
+    """A returning user's first question on PostgreSQL, rebuilt from rows and restored from a snapshot
+    (see the module's docstring). The first round loads every user from rows on both replicas."""
+    n_users, rounds = (3, 4) if quick else (8, 6)
+    users = longmemeval_users(n_users) or synthetic_users(n_users)
+    pool = list(dict.fromkeys(q for _, _, qs in users for q in qs))
+    schema = pg_create_schema(admin, "bench_cold")
+    snapshots = tempfile.mkdtemp(prefix="sidecar-snapshots-")
+    try:
+        writer = Sidecar(pg_url(schema))
+        turns = replay_users(writer, users)
+        writer.close()
+        replicas = {"rows": Sidecar(pg_url(schema)),
+                    "snapshot": Sidecar(pg_url(schema), Settings(episodic_snapshot_dir=snapshots))}
+        for app in replicas.values():
+            app.wait_warm_up(60.0)
+        asked = {(name, uid): set() for name in replicas for uid, _, _ in users}
+        spent: dict[str, list[float]] = {name: [] for name in replicas}
+        for round_ in range(rounds):
+            for uid, _, qs in users:
+                for name, app in replicas.items():
+                    evict(app, Scope("cold", uid))
+                    took = new_question(app, uid, next_question(asked[name, uid], qs, pool))
+                    if round_:
+                        spent[name].append(took)
+        for app in replicas.values():
+            app.close()
+    finally:
+        pg_drop_schema(admin, schema)
+    rows, restored = percentiles(spent["rows"]), percentiles(spent["snapshot"])
+    return {"pg_cold_user_rows_p50_ms": rows["p50_ms"], "pg_cold_user_rows_p99_ms": rows["p99_ms"],
+            "pg_cold_user_snapshot_p50_ms": restored["p50_ms"], "pg_cold_user_snapshot_p99_ms": restored["p99_ms"],
+            "pg_cold_user_snapshot_vs_rows": round(restored["p50_ms"] / rows["p50_ms"], 3),
+            "pg_cold_user_turns": round(sum(turns) / len(turns)), "pg_cold_samples": len(spent["rows"])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -127,12 +167,15 @@ def main() -> None:
         figures["catch_up_p50_ms"] = round(statistics.median(delays) * 1000, 1)
         figures["catch_up_max_ms"] = round(max(delays) * 1000, 1)
         figures["catch_up_trials"] = trials
+        figures.update(pg_cold_users(admin, args.quick))
     finally:
         pg_drop_schema(admin, schema)
         admin.close()
     print(f"BuildContext p50 duckdb {figures['duckdb_build_p50_ms']} ms, postgres {figures['postgres_build_p50_ms']} ms; "
           f"queries per build {figures['duckdb_queries_per_build']} vs {figures['postgres_queries_per_build']}; "
-          f"catch-up p50 {figures['catch_up_p50_ms']} ms max {figures['catch_up_max_ms']} ms")
+          f"catch-up p50 {figures['catch_up_p50_ms']} ms max {figures['catch_up_max_ms']} ms; a returning user's "
+          f"first question ({figures['pg_cold_user_turns']} turns) p50 {figures['pg_cold_user_rows_p50_ms']} ms "
+          f"from rows, {figures['pg_cold_user_snapshot_p50_ms']} ms from a snapshot")
     emit(figures)
 
 

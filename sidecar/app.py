@@ -64,6 +64,7 @@ class Settings:
     cache_messages: int = MAX_CACHED_VIEW_MESSAGES
     episodic_turns: int = MAX_TOTAL_TURNS
     episodic_snapshot_bytes: int = MAX_SNAPSHOT_BYTES  # users' saved episodic indexes beside a DuckDB file
+    episodic_snapshot_dir: str = ""  # where they are saved instead (needed for any on PostgreSQL)
     duckdb_memory: str = DEFAULT_MEMORY_LIMIT  # DuckDB's buffer pool
 
 
@@ -120,7 +121,8 @@ class Sidecar:
             query_embedder=None if isinstance(self.embedder, HashEmbedder) else self.embedder)
         # Episodic recall: the user's past turns from other sessions, indexed as they are appended.
         self.episodic = EpisodicSource(self.store, max_total_turns=settings.episodic_turns,
-                                       max_snapshot_bytes=settings.episodic_snapshot_bytes)
+                                       max_snapshot_bytes=settings.episodic_snapshot_bytes,
+                                       snapshots_in=settings.episodic_snapshot_dir)
         if not isinstance(self.embedder, HashEmbedder):  # a model: past turns ranked with its cosine too
             self.episodic.use_model(self.embedder)
         self.builder.sources.append(self.episodic)
@@ -173,7 +175,9 @@ class Sidecar:
             return None
         from sidecar.store.change_feed import ChangeFeed
 
-        feed = ChangeFeed(backend, self._apply_changes, poll_interval_ms=self.settings.feed_poll_ms)
+        # From where the episodic snapshots were checked at start, so no change between is missed.
+        feed = ChangeFeed(backend, self._apply_changes, poll_interval_ms=self.settings.feed_poll_ms,
+                          since=self.episodic.feed_from)
         feed.start()
         return feed
 
@@ -219,7 +223,7 @@ class Sidecar:
         self.knowledge.stop_saver()
         # Its numpy work must not outlive the interpreter (a daemon thread inside BLAS at exit can crash
         # it); told to stop, it ends within one block (~30 ms).
-        self.episodic.close()
+        self.episodic.close(self.feed.cursor if self.feed is not None else None)
         self._episodic_warm_up.join(timeout=10)
         self.knowledge.save()
         self.store.close()

@@ -158,6 +158,11 @@ KNOBS: dict[str, Knob] = {k.key: k for k in (
     _setting("memory.episodic_snapshot_bytes", "episodic_snapshot_bytes", "Bytes of the users' episodic indexes "
              "saved beside a DuckDB file (restored on a user's next call instead of rebuilt from rows), the "
              "oldest saved deleted first; 0: none saved.", env="SIDECAR_EPISODIC_SNAPSHOT_BYTES", minimum=0),
+    _setting("memory.episodic_snapshot_dir", "episodic_snapshot_dir", "Directory the users' episodic indexes "
+             "are saved in; empty: beside a DuckDB file, and none on a PostgreSQL store. On PostgreSQL give each "
+             "replica a directory of its own (e.g. under /data): the change feed deletes what other replicas "
+             "change, and at a start every user changed since this one stopped loses theirs.",
+             flag="--episodic-snapshots", env="SIDECAR_EPISODIC_SNAPSHOTS"),
 
     _setting("knowledge.threshold", "knowledge_threshold", "Score the best knowledge chunk needs for "
              "knowledge_status MATCHED; below it BuildContext answers NO_MATCH.", minimum=0),

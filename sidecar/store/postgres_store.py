@@ -38,6 +38,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
 from sidecar.domain import (
@@ -205,6 +206,22 @@ class PostgresStore:
     def current_change_seq(self) -> int:
         """The seq of the newest visible change (0 when none): start a feed from here."""
         return self._query(None, "SELECT coalesce(max(seq), 0) FROM change_log", system=True)[0][0]
+
+    def users_changed_since(self, seq: int) -> tuple[set[tuple[str, str]], int]:
+        """((tenant, user) of every change after `seq`, the newest seq read): what a replica that stopped
+        at `seq` missed. Seq order is commit order, so nothing at or below the newest is still to come."""
+        end = self.current_change_seq()
+        rows = self._query(None, "SELECT DISTINCT tenant_id, user_id FROM change_log WHERE seq > %s AND seq <= %s",
+                           [seq, end], system=True)
+        return {(t, u) for t, u in rows}, end
+
+    def identity(self) -> str:
+        """Which change_log this is: server, database, schema and the table's oid (a schema dropped and
+        made again under the same name starts a new log, whose seqs say nothing of the old one's)."""
+        info = conninfo_to_dict(self.dsn)
+        oid = self._query(None, "SELECT 'change_log'::regclass::oid", system=True)[0][0]
+        return (f"postgresql://{info.get('host', '')}:{info.get('port', '')}/{info.get('dbname', '')}"
+                f"?schema={self.schema}&change_log={oid}")
 
     # ------------------------------------------------------------------ sessions
     def create_session(self, scope: Scope, session: Session) -> None:

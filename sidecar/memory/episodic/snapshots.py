@@ -1,15 +1,18 @@
-"""Where users' indexes are saved (beside a DuckDB file), which saved files are current after a
-start, each user's file name and the file's format (pack / unpack). What a snapshot holds is
-_UserIndex.freeze / restore (index.py); when one is written, read or deleted is EpisodicSource's
-(source.py)."""
+"""Where users' indexes are saved (beside a DuckDB file, or in a directory given), which saved files
+are current after a start, each user's file name and the file's format (pack / unpack). What a
+snapshot holds is _UserIndex.freeze / restore (index.py); when one is written, read or deleted is
+EpisodicSource's (source.py)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import mmap
 import pickle
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("sidecar.episodic")
@@ -20,37 +23,92 @@ MAX_SNAPSHOT_BYTES = 1 << 30  # users' saved indexes over all users (~1.5 MB for
 CLEAN_MARK = "CLEAN"  # written at close once every saved snapshot is current
 
 
-def snapshot_dir(store) -> Path | None:
-    """Where users' indexes are saved: beside a DuckDB file. None for an in-memory database and a
-    shared PostgreSQL store (another replica may change a user's rows: each rebuilds from rows)."""
+def snapshot_dir(store, configured: str = "") -> Path | None:
+    """Where users' indexes are saved: `configured` if given, else beside a DuckDB file. None for an
+    in-memory database and for a shared PostgreSQL store given no directory of the replica's own."""
+    if configured:
+        return Path(configured)
     path = getattr(getattr(store, "backend", store), "path", None)
     if not isinstance(path, str) or not path or path == ":memory:":
         return None
     return Path(path).with_suffix(".episodic")
 
 
-def _open_snapshots(directory: Path | None) -> tuple[Path | None, OrderedDict[str, int]]:
-    """(the directory, or None where it cannot be used; the snapshots a clean close left current, oldest
-    saved first, with their sizes). After a crash (no mark) none is trusted: all are deleted. The mark
-    goes at once: it is written again only by the next clean close."""
+def store_identity(store) -> str:
+    """Which database the snapshots were saved from: a DuckDB file's path, a PostgreSQL change log's
+    identity. Snapshots saved from another are not restored."""
+    backend = getattr(store, "backend", store)
+    identity = getattr(backend, "identity", None)
+    if callable(identity):
+        return str(identity())
+    path = getattr(backend, "path", "")
+    return f"duckdb:{Path(path).resolve()}" if isinstance(path, str) and path else ""
+
+
+# On a PostgreSQL store other replicas change users' rows. While this one runs, its change feed
+# deletes what they change (EpisodicSource.forget); across a stop, the clean mark holds the feed's
+# position and every user changed after it loses their snapshot at the next start.
+ChangedSince = Callable[[int], tuple[set[tuple[str, str]], int]]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedSnapshots:
+    directory: Path | None  # None where it cannot be used
+    current: OrderedDict[str, int]  # the snapshots that are current, oldest saved first, with their sizes
+    feed_from: int | None  # with changed_since: the change seq the replica's feed must start after
+
+
+def _open_snapshots(directory: Path | None, identity: str = "",
+                    changed_since: ChangedSince | None = None) -> OpenedSnapshots:
+    """The snapshots a clean close of a process on the same database left current. After a crash
+    (no mark), or from another database, none is trusted: all are deleted. The mark goes at once:
+    it is written again only by the next clean close."""
     if directory is None:
-        return None, OrderedDict()
+        return OpenedSnapshots(None, OrderedDict(), None)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         mark = directory / CLEAN_MARK
-        clean = mark.exists()
+        saved = _read_mark(mark)
         mark.unlink(missing_ok=True)
+        clean = saved is not None and saved.get("store") == identity
+        stale: set[str] = set()
+        feed_from = None
+        if changed_since is not None:
+            seq = saved.get("change_seq") if clean and saved else None
+            clean = isinstance(seq, int)
+            if clean:
+                try:
+                    users, feed_from = changed_since(seq)
+                except Exception:
+                    log.exception("episodic snapshots: the changes since the last stop are unknown; none kept")
+                    users, feed_from = set(), -1
+                clean = feed_from >= seq  # a log behind the mark is not the one the mark saw
+                stale = {_snapshot_name(user) for user in users}
         kept = []
         for path in directory.iterdir():
-            if clean and path.suffix == ".snap":
+            if clean and path.suffix == ".snap" and path.name not in stale:
                 stat = path.stat()
                 kept.append((stat.st_mtime_ns, path.name, stat.st_size))
             elif path.is_file():
                 path.unlink(missing_ok=True)
-        return directory, OrderedDict((name, size) for _, name, size in sorted(kept))
+        return OpenedSnapshots(directory, OrderedDict((name, size) for _, name, size in sorted(kept)),
+                               feed_from if clean else None)
     except OSError:
         log.exception("episodic snapshots unavailable in %s", directory)
-        return None, OrderedDict()
+        return OpenedSnapshots(None, OrderedDict(), None)
+
+
+def _read_mark(mark: Path) -> dict | None:
+    try:
+        saved = json.loads(mark.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def write_mark(directory: Path, identity: str, change_seq: int | None) -> None:
+    """Every saved snapshot is current: for the store `identity`, as of `change_seq` on PostgreSQL."""
+    (directory / CLEAN_MARK).write_text(json.dumps({"store": identity, "change_seq": change_seq}), encoding="utf-8")
 
 
 # A snapshot file: MAGIC, then the lengths (u64 little-endian) of the head and of each buffer, the

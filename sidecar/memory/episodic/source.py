@@ -36,7 +36,6 @@ from sidecar.memory.episodic.ranking import DEFAULT_RANKING, MODEL_RANKING, Rank
 from sidecar.memory.episodic.relative_dates import relative_spans
 from sidecar.memory.episodic.scoring import _best_first
 from sidecar.memory.episodic.snapshots import (
-    CLEAN_MARK,
     MAX_SNAPSHOT_BYTES,
     SAVE_AT_CLOSE_S,
     SNAPSHOT_VERSION,
@@ -45,6 +44,8 @@ from sidecar.memory.episodic.snapshots import (
     log,
     map_snapshot,
     snapshot_dir,
+    store_identity,
+    write_mark,
 )
 from sidecar.memory.episodic.terms import _WORD_RE, names_pattern
 from sidecar.memory.recall import SupersededTurn
@@ -67,7 +68,8 @@ class EpisodicSource:
 
     def __init__(self, store, embedder: Embedder | None = None, *, ranking: Ranking = DEFAULT_RANKING,
                  max_users: int = MAX_USERS, max_turns_per_user: int = MAX_TURNS_PER_USER,
-                 max_total_turns: int = MAX_TOTAL_TURNS, max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES) -> None:
+                 max_total_turns: int = MAX_TOTAL_TURNS, max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
+                 snapshots_in: str = "") -> None:
         self.store = store
         # Static word vectors joined with hashed n-grams (no model); the app's model embedder in the
         # optional model profile (use_model), whose space a client's query_embedding is in.
@@ -91,8 +93,13 @@ class EpisodicSource:
         self._closing = threading.Event()
         # Users' indexes saved when they leave memory (evicted, or the process closing) and restored
         # on their next call instead of rebuilt from rows; names of the files that are current.
+        # On PostgreSQL (snapshots_in given) users changed while no process of this directory ran
+        # lose theirs at the start; feed_from is where this replica's change feed takes over.
         self.max_snapshot_bytes = max_snapshot_bytes
-        self._snapshot_dir, self._snapshots = _open_snapshots(snapshot_dir(store) if max_snapshot_bytes else None)
+        self._store_identity = store_identity(store)
+        opened = _open_snapshots(snapshot_dir(store, snapshots_in) if max_snapshot_bytes else None,
+                                 self._store_identity, getattr(getattr(store, "backend", store), "users_changed_since", None))
+        self._snapshot_dir, self._snapshots, self.feed_from = opened.directory, opened.current, opened.feed_from
         # The app's MemoryService.superseded_turns: turns a superseded memory was learnt from are
         # marked when recalled and never outrank the current memory's turns.
         self.superseded_turns: Callable[[Scope], dict[str, SupersededTurn]] | None = None
@@ -111,9 +118,10 @@ class EpisodicSource:
         if r.similar_terms > 0 and r.similar_weight > 0:
             precompute_similar(r.similar_min, self._closing.is_set)
 
-    def close(self) -> None:
+    def close(self, change_seq: int | None = None) -> None:
         """Stop the warm-up (the app joins its thread before the process exits) and save the indexes
-        of the users in memory (for at most SAVE_AT_CLOSE_S), so they are restored after a restart."""
+        of the users in memory (for at most SAVE_AT_CLOSE_S), so they are restored after a restart;
+        `change_seq`: on PostgreSQL, the change every later one of which the next start must check."""
         self._closing.set()
         if self._snapshot_dir is None:
             return
@@ -124,7 +132,7 @@ class EpisodicSource:
                     break
                 self._save(key, state)
             try:
-                (self._snapshot_dir / CLEAN_MARK).touch()
+                write_mark(self._snapshot_dir, self._store_identity, change_seq)
             except OSError:
                 log.warning("episodic snapshots: could not mark them current; rebuilt from rows next start")
 
