@@ -93,6 +93,12 @@ def test_a_snapshot_is_restored_until_another_replica_changes_the_user(pg_schema
         _until(lambda: not _snapshots(tmp_path / "a"))  # a's change feed deleted the stale snapshot
         found = a.recalled(ANN, NEW_WORD)
         assert len(a.reads) == 2 and found and NEW_WORD in found[0]
+        # ForgetUser on the other replica: the saved index goes too, and nothing of the user is recalled.
+        a.app.episodic.evict(ANN)
+        assert _snapshots(tmp_path / "a")
+        b.app.memories.forget_user(ANN)
+        _until(lambda: not _snapshots(tmp_path / "a"))
+        assert a.recalled(ANN, NEW_WORD) == [] and len(a.reads) == 3
         assert not (tmp_path / "a").joinpath(CLEAN_MARK).exists()
     finally:
         a.close()
