@@ -2,9 +2,10 @@
 
 One extension module per concern, each with a reference twin of the same name in fastpath.reference:
 _selection (fuse_scores, ranking_order, dedup, greedy_pack, select, arrange), _textkeys (tokenize,
-fnv1a64, text_keys, hash_embed), _wire (encode_item, encode_section, encode_dropped), _ranking
-(overlap_counts, best_matches, fused_top_k, hybrid_top_k, window_bm25, cooccurring_terms,
-feedback_terms, newer_first) and _int8 (int8_dot); _common holds their shared input validation.
+fnv1a64, text_keys, hash_embed, WordTable, word_vector_sums), _wire (encode_item, encode_section,
+encode_dropped), _ranking (overlap_counts, best_matches, fused_top_k, hybrid_top_k, window_bm25,
+cooccurring_terms, feedback_terms, newer_first) and _int8 (int8_dot); _common holds their shared
+input validation.
 
 The compiled extensions are mandatory: if one is missing the import fails loudly rather than silently
 falling back to the (100x slower) reference.
@@ -36,7 +37,7 @@ try:
         ranking_order,
         select,
     )
-    from fastpath._textkeys import fnv1a64, hash_embed, text_keys, tokenize
+    from fastpath._textkeys import WordTable, fnv1a64, hash_embed, text_keys, tokenize, word_vector_sums
     from fastpath._wire import encode_dropped, encode_item, encode_section
 except ImportError as exc:  # pragma: no cover - exercised only on a broken install
     raise ImportError(
@@ -53,6 +54,7 @@ __all__ = [
     "OVER_BUDGET",
     "SELECTED",
     "Selection",
+    "WordTable",
     "arrange",
     "best_matches",
     "cooccurring_terms",
@@ -76,4 +78,5 @@ __all__ = [
     "text_keys",
     "tokenize",
     "window_bm25",
+    "word_vector_sums",
 ]

@@ -1,4 +1,5 @@
-"""Compiled text keys: tokenize, FNV-1a, exact keys and SimHash (text_keys), the hashed embedding.
+"""Compiled text keys: tokenize, FNV-1a, exact keys and SimHash (text_keys), the hashed embedding,
+and the sums of a text's word vectors (WordTable, word_vector_sums).
 
 The semantics are specified by ``fastpath.reference.textkeys``; every routine here must return
 exactly what its reference twin returns, floats bit for bit. fnv_bytes is declared in _textkeys.pxd
@@ -9,6 +10,8 @@ from libc.math cimport sqrt
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memset
+
+import numpy as np
 
 cimport numpy as cnp
 
@@ -315,4 +318,148 @@ def hash_embed(texts, dim):
     finally:
         _release(&tb)
         free(vec)
+    return out
+
+
+cdef inline bint _is_az(uint32_t c) noexcept nogil:
+    return c - 97 < 26
+
+
+cdef class WordTable:
+    """A vocabulary (word -> row) as an open-addressing table over the words' ASCII bytes, so a text's
+    words are found without a str made per word. Words that [a-z]+('[a-z]+)? cannot match are left
+    out: no text's word could find them."""
+
+    cdef bytes _chars
+    cdef int64_t* _offsets  # entry e spans _chars[_offsets[e]:_offsets[e + 1]]
+    cdef int64_t* _rows  # entry e's row
+    cdef int64_t* _slots  # -1 empty, else an entry
+    cdef uint64_t _mask
+    cdef readonly Py_ssize_t size
+
+    def __cinit__(self, index):
+        cdef list words = [w for w in index if isinstance(w, str) and _matchable(w)]
+        cdef Py_ssize_t n = len(words), e, s
+        cdef uint64_t cap = 16, h, slot
+        cdef const unsigned char* chars
+        while cap < <uint64_t>(2 * n + 2):
+            cap *= 2
+        self._offsets = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+        self._rows = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+        self._slots = <int64_t*>malloc(cap * sizeof(int64_t))
+        if self._offsets == NULL or self._rows == NULL or self._slots == NULL:
+            raise MemoryError()
+        self._chars = "".join(words).encode("ascii")
+        self._mask = cap - 1
+        self.size = n
+        chars = self._chars
+        self._offsets[0] = 0
+        for s in range(<Py_ssize_t>cap):
+            self._slots[s] = -1
+        for e in range(n):
+            self._offsets[e + 1] = self._offsets[e] + len(words[e])
+            self._rows[e] = _int64_clamped("index value", index[words[e]], -1)
+            if self._rows[e] < 0:
+                raise ValueError(f"index[{words[e]!r}] must be a row number >= 0")
+            h = fnv_bytes(_FNV_OFFSET, chars + self._offsets[e], self._offsets[e + 1] - self._offsets[e])
+            slot = h & self._mask
+            while self._slots[slot] >= 0:
+                slot = (slot + 1) & self._mask
+            self._slots[slot] = e
+
+    def __dealloc__(self):
+        free(self._offsets)
+        free(self._rows)
+        free(self._slots)
+
+    cdef int64_t find(self, const uint32_t* cps, Py_ssize_t s, Py_ssize_t e) noexcept:
+        """The row of the word cps[s:e] (ASCII), or -1."""
+        cdef uint64_t slot = _fspan(_FNV_OFFSET, cps, s, e) & self._mask
+        cdef int64_t entry, at
+        cdef Py_ssize_t i
+        cdef const unsigned char* chars = self._chars
+        while True:
+            entry = self._slots[slot]
+            if entry < 0:
+                return -1
+            at = self._offsets[entry]
+            if self._offsets[entry + 1] - at == e - s:
+                for i in range(e - s):
+                    if chars[at + i] != cps[s + i]:
+                        break
+                else:
+                    return self._rows[entry]
+            slot = (slot + 1) & self._mask
+
+
+cdef bint _matchable(str word):
+    """Whether [a-z]+('[a-z]+)? matches the whole of `word`."""
+    cdef Py_ssize_t i, n = len(word)
+    cdef bint quote = False
+    cdef Py_UCS4 c
+    if n == 0 or not ("a" <= word[0] <= "z") or not ("a" <= word[n - 1] <= "z"):
+        return False
+    for i in range(n):
+        c = word[i]
+        if c == "'":
+            if quote or not ("a" <= word[i + 1] <= "z"):
+                return False
+            quote = True
+        elif not ("a" <= c <= "z"):
+            return False
+    return True
+
+
+def word_vector_sums(texts, WordTable table not None, weighted):
+    """float32[n, dim]: for each text, the rows of `weighted` of its words ([a-z]+('[a-z]+)? in the
+    lowercased text, those in `table`) summed in the order they occur, in float32; zero for none."""
+    cdef list items = _text_list(texts)
+    if not isinstance(weighted, cnp.ndarray) or weighted.dtype != np.float32 or weighted.ndim != 2:
+        raise TypeError("weighted must be a float32[rows, dim] array")
+    cdef cnp.ndarray w = np.ascontiguousarray(weighted)
+    cdef Py_ssize_t n = len(items), rows = w.shape[0], dim = w.shape[1], k, i, j, s, nc
+    cdef int64_t row
+    cdef cnp.npy_intp dims[2]
+    dims[0] = n
+    dims[1] = dim
+    cdef cnp.ndarray out = <cnp.ndarray>cnp.PyArray_ZEROS(2, dims, cnp.NPY_FLOAT32, 0)
+    cdef float* op = <float*>_ptr(out)
+    cdef const float* wp = <const float*>_ptr(w)
+    cdef const float* src
+    cdef float* acc
+    cdef TextBuf tb
+    memset(&tb, 0, sizeof(tb))
+    try:
+        for k in range(n):
+            text = items[k]
+            if not isinstance(text, str):
+                raise TypeError(f"texts[{k}] must be str, got {type(text).__name__}")
+            low = text.lower()
+            nc = PyUnicode_GET_LENGTH(low)
+            _ensure(&tb, nc + 1)
+            if nc:
+                PyUnicode_AsUCS4(low, <Py_UCS4*>tb.cps, tb.cap, 0)
+            acc = op + k * dim
+            i = 0
+            while i < nc:
+                if not _is_az(tb.cps[i]):
+                    i += 1
+                    continue
+                s = i
+                while i < nc and _is_az(tb.cps[i]):
+                    i += 1
+                if i + 1 < nc and tb.cps[i] == 39 and _is_az(tb.cps[i + 1]):  # 39: "'"
+                    i += 1
+                    while i < nc and _is_az(tb.cps[i]):
+                        i += 1
+                row = table.find(tb.cps, s, i)
+                if row < 0:
+                    continue
+                if row >= rows:
+                    raise ValueError(f"the table's row {row} is outside weighted ({rows} rows)")
+                src = wp + row * dim
+                for j in range(dim):
+                    acc[j] += src[j]
+    finally:
+        _release(&tb)
     return out

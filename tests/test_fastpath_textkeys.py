@@ -1,5 +1,5 @@
-"""fastpath._textkeys (tokenize, FNV-1a, text keys, hash embedding) agrees exactly with
-fastpath.reference.textkeys, and both follow the spec."""
+"""fastpath._textkeys (tokenize, FNV-1a, text keys, hash embedding, word-vector sums) agrees exactly
+with fastpath.reference.textkeys, and both follow the spec."""
 
 from __future__ import annotations
 
@@ -70,3 +70,65 @@ def test_hash_embed_rules(impl):
     assert np.array_equal(out[1], out[3])  # case and punctuation do not matter
     with pytest.raises(ValueError, match="dim"):
         impl.hash_embed(["x"], 0)
+
+
+WORD_ALPHABET = st.sampled_from(list("abcdeXYZ' -,.\n1_éİ\u212a中"))  # \u212a (Kelvin) lowers to "k"
+vocab_st = st.lists(st.text(st.sampled_from(list("abcdek'1é")), min_size=1, max_size=6), max_size=24, unique=True)
+
+
+@FAST
+@given(st.lists(st.text(WORD_ALPHABET, max_size=60), max_size=10), vocab_st, st.integers(1, 9), st.integers(0, 2**32 - 1))
+def test_word_vector_sums_match_reference(texts, words, dim, seed):
+    rng = np.random.default_rng(seed)
+    # The texts' own space-separated words too, so apostrophes and case are met in matches, not only misses.
+    words = list(dict.fromkeys([*words, *(w for t in texts for w in t.lower().split())]))
+    index = {w: i for i, w in enumerate(words)}
+    weighted = rng.standard_normal((len(words) + 1, dim)).astype(np.float32)
+    got = fastpath.word_vector_sums(texts, fastpath.WordTable(index), weighted)
+    assert same_floats(got, ref.word_vector_sums(texts, ref.WordTable(index), weighted))
+    assert fastpath.WordTable(index).size == ref.WordTable(index).size
+
+
+@IMPLS
+def test_word_vector_sums_rules(impl):
+    words = ["don't", "rock'n", "roll", "kelvin", "tea", "green", "ab1", "'ab", "ab'", "a''b", "é"]
+    weighted = np.arange(len(words) * 3, dtype=np.float32).reshape(len(words), 3) + np.float32(0.1)
+    table = impl.WordTable({w: i for i, w in enumerate(words)})
+    assert table.size == 6  # words [a-z]+('[a-z]+)? can never match are left out
+    out = impl.word_vector_sums(["Don't", "rock'n'roll", "\u212aELVIN", "Green TEA, green tea", "ab1 é 中文", ""],
+                                table, weighted)
+    assert out.shape == (6, 3) and out.dtype == np.float32
+    assert same_floats(out[0], weighted[0]) and same_floats(out[2], weighted[3])
+    assert same_floats(out[1], weighted[1] + weighted[2])  # "rock'n", then "roll"
+    acc = np.zeros(3, np.float32)
+    for row in (5, 4, 5, 4):  # in the order they occur, in float32
+        acc += weighted[row]
+    assert same_floats(out[3], acc)
+    assert not out[4].any() and not out[5].any()
+    with pytest.raises(ValueError, match="row number"):
+        impl.WordTable({"tea": -1})
+    with pytest.raises(ValueError, match="outside"):
+        impl.word_vector_sums(["tea"], impl.WordTable({"tea": 70}), weighted)
+    with pytest.raises(TypeError, match="float32"):
+        impl.word_vector_sums(["tea"], table, weighted.astype(np.float64))
+    with pytest.raises(TypeError):
+        impl.word_vector_sums("tea", table, weighted)
+
+
+def test_word_vector_sums_of_the_shipped_table_are_the_rows_numpy_sums():
+    """On the shipped word vectors, each text's sum is bit for bit numpy's sum of its rows (what the
+    static embedder computed before the compiled sums)."""
+    import re
+
+    from sidecar.index.word_vectors import default_vectors
+
+    vectors = default_vectors()
+    word = re.compile(r"[a-z]+(?:'[a-z]+)?")
+    texts = ["I can't decide between the pottery class and the clarinet lessons this spring.",
+             "Sure! Here are some tips for a road trip to Denver: check the tyres, pack snacks, plan stops. " * 5,
+             "what did you recommend for my 5-year-old's birthday party?", "上下文 窗口", ""]
+    got = fastpath.word_vector_sums(texts, vectors.table, vectors.weighted)
+    for text, row in zip(texts, got, strict=True):
+        found = [i for w in word.findall(text.lower()) if (i := vectors.index.get(w)) is not None]
+        want = vectors.weighted[found].sum(axis=0) if found else np.zeros(vectors.dim, np.float32)
+        assert same_floats(row, want)

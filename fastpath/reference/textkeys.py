@@ -30,13 +30,15 @@ prime 0x100000001b3, arithmetic mod 2**64).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from fastpath.reference._common import MASK64, _int, _texts
 
-__all__ = ["FNV_OFFSET", "FNV_PRIME", "tokenize", "fnv1a64", "text_keys", "hash_embed"]
+__all__ = ["FNV_OFFSET", "FNV_PRIME", "WordTable", "tokenize", "fnv1a64", "text_keys", "hash_embed",
+           "word_vector_sums"]
 
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
@@ -142,3 +144,40 @@ def hash_embed(texts: Sequence[str], dim: int) -> np.ndarray:
         rows.append(vec)
     # float64 -> float32 rounding of the finished row is the only numpy step (output packaging).
     return np.array(rows, dtype=np.float32).reshape(len(rows), d)
+
+
+# word_vector_sums: a text's words are the matches of _WORD_RE in the lowercased text ("don't" is
+# one word), in order; each word the table holds adds its row of `weighted` to the text's sum,
+# accumulated in float32 in that order (the result is exact, bit for bit).
+_WORD_RE = re.compile(r"[a-z]+(?:'[a-z]+)?")
+
+
+class WordTable:
+    """A vocabulary: word -> row of the weighted vectors."""
+
+    def __init__(self, index: Mapping[str, int]) -> None:
+        self.rows = {w: _int("index value", r) for w, r in index.items()
+                     if isinstance(w, str) and _WORD_RE.fullmatch(w)}
+        for w, r in self.rows.items():
+            if r < 0:
+                raise ValueError(f"index[{w!r}] must be a row number >= 0")
+        self.size = len(self.rows)
+
+
+def word_vector_sums(texts: Sequence[str], table: WordTable, weighted: np.ndarray) -> np.ndarray:
+    """float32[n, dim]: each text's words' rows of `weighted` summed (zero for a text with none)."""
+    items = _texts(texts)
+    if not isinstance(table, WordTable):
+        raise TypeError("table must be a WordTable")
+    if not isinstance(weighted, np.ndarray) or weighted.dtype != np.float32 or weighted.ndim != 2:
+        raise TypeError("weighted must be a float32[rows, dim] array")
+    out = np.zeros((len(items), weighted.shape[1]), np.float32)
+    for k, text in enumerate(items):
+        for word in _WORD_RE.findall(text.lower()):
+            row = table.rows.get(word)
+            if row is None:
+                continue
+            if row >= len(weighted):
+                raise ValueError(f"the table's row {row} is outside weighted ({len(weighted)} rows)")
+            out[k] += weighted[row]
+    return out

@@ -26,7 +26,6 @@ import fastpath
 
 TABLE = Path(__file__).resolve().with_suffix(".npz")  # next to this module, shipped with the package
 DIM = 128
-_WORD_RE = re.compile(r"[a-z]+(?:'[a-z]+)?")  # "don't" is one word (and not in the table)
 
 
 def _to_unit_rows(out: np.ndarray) -> np.ndarray:
@@ -45,6 +44,7 @@ class WordVectors:
         self.vectors = vecs  # unit rows, in the model's frequency order
         self.weight = np.log1p(np.arange(1, len(words) + 1, dtype=np.float32))  # by frequency rank
         self.weighted = vecs * self.weight[:, None]  # each row times its weight: a text's vector is a sum of these
+        self.table = fastpath.WordTable(self.index)
         self.dim = vecs.shape[1]
 
     @classmethod
@@ -53,26 +53,16 @@ class WordVectors:
             return cls(str(z["words"]).split("\n"), z["vectors"])
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """float32[n, dim]: each text's known words, weighted by rank, summed and normalised (zero
-        when it has none: a text in another script or of unknown words only)."""
-        if len(texts) == 1:  # a query: the batch path's dozen numpy calls cost more than the sums
+        """float32[n, dim]: each text's known words ([a-z]+('[a-z]+)? of the lowercased text: "don't" is
+        one word, not in the table), weighted by rank, summed and normalised (zero when it has none: a
+        text in another script or of unknown words only)."""
+        if len(texts) == 1:  # a query: the batch path's numpy calls cost more than the sum
             return self.embed_one(texts[0])[None, :]
-        out = np.zeros((len(texts), self.dim), np.float32)
-        index, weighted = self.index, self.weighted
-        for k, text in enumerate(texts):
-            found = [i for i in map(index.get, _WORD_RE.findall(text.lower())) if i is not None]
-            if found:
-                # A sum per text: np.add.reduceat over all texts' rows at once (axis 0) is ~10x slower.
-                out[k] = weighted[found].sum(axis=0)
-        return _to_unit_rows(out)
+        return _to_unit_rows(fastpath.word_vector_sums(texts, self.table, self.weighted))
 
     def embed_one(self, text: str) -> np.ndarray:
-        """float32[dim]: embed([text])[0], in three numpy calls."""
-        index = self.index
-        rows = [i for word in _WORD_RE.findall(text.lower()) if (i := index.get(word)) is not None]
-        if not rows:
-            return np.zeros(self.dim, np.float32)
-        v = self.weighted[rows].sum(axis=0)
+        """float32[dim]: embed([text])[0], in two numpy calls."""
+        v = fastpath.word_vector_sums([text], self.table, self.weighted)[0]
         norm = float(np.sqrt(v @ v))
         return v / np.float32(norm) if norm > 0 else v
 
