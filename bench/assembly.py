@@ -12,7 +12,8 @@ user still in memory asks a question not asked before in the session they are in
 `cold_user_first_append_p50_ms` / `_p99_ms`: an evicted user's first message (AppendMessages in a new
 session), which indexes it into their recall index. `warm_beside_rebuild_p50_ms` / `_p99_ms`: warm
 users' new questions while a second thread rebuilds another user's recall index from rows over and
-over (as after a crash).
+over (as after a crash); `warm_beside_import_p50_ms` / `_p99_ms`: while it imports one user's
+history after another (ImportSessions, which builds the user's recall index).
 
 Throughput comes from the compiled Go load generator (clients/go/cmd/loadgen, built here once by
 clients/go/build.sh) when the Go toolchain is installed (clients/install-toolchains.sh go): on a
@@ -53,6 +54,7 @@ from sidecar.app import Sidecar
 from sidecar.assembly.builder import BuildRequest, ToolSpec
 from sidecar.domain import NewMessage, Provenance, Role, Scope
 from sidecar.services.facts import FactInput
+from sidecar.services.imports import PastSession
 
 RULES = ("You are OpsPilot, an operations assistant. You may query logs, metrics and traces. Any write action "
          "(restart, scale, rollback, config change) needs explicit human approval. Answer concisely, cite the "
@@ -272,31 +274,48 @@ def cold_users(quick: bool) -> dict:
 
     appends = [says(uid) for _ in range(rounds) for uid, _, _ in measured]
 
-    # Warm users' new questions while a second thread rebuilds another user's recall index from rows
-    # (as after a crash) again and again: what a load costs the users already in memory.
-    stop = threading.Event()
+    def beside(work) -> list[float]:
+        """Warm users' new questions while a second thread runs work() again and again."""
+        stop = threading.Event()
 
-    def rebuild(uid: str, qs: list[str]) -> None:
-        while not stop.is_set():
-            app.episodic.drop_user(Scope("cold", uid))
-            ask(uid, qs, returning=False)
+        def loop() -> None:
+            while not stop.is_set():
+                work()
 
-    rebuilder = threading.Thread(target=rebuild, args=(measured[0][0], measured[0][2]))
-    rebuilder.start()
-    try:
-        beside = [ask(uid, qs, returning=False) for _ in range(warm_asks * 3) for uid, _, qs in measured[1:]]
-    finally:
-        stop.set()
-        rebuilder.join()
+        worker = threading.Thread(target=loop)
+        worker.start()
+        try:
+            return [ask(uid, qs, returning=False) for _ in range(warm_asks * 3) for uid, _, qs in measured[1:]]
+        finally:
+            stop.set()
+            worker.join()
+
+    # Another user's recall index rebuilt from rows (as after a crash): what a load costs the users
+    # already in memory. Then another user's history imported (ImportSessions builds their index).
+    loader = measured[0]
+
+    def rebuild() -> None:
+        app.episodic.drop_user(Scope("cold", loader[0]))
+        ask(loader[0], loader[2], returning=False)
+
+    imported = itertools.count()
+
+    def import_history() -> None:
+        app.imports.import_sessions(Scope("cold", f"imported-{next(imported)}"), [PastSession(messages=[
+            NewMessage(role=Role.USER if mine else Role.ASSISTANT, text=text, client_timestamp_ms=at)
+            for mine, text, at in session]) for session in loader[1]])
+
+    beside_rebuild, beside_import = beside(rebuild), beside(import_history)
     app.close()
     shutil.rmtree(Path(db).parent, ignore_errors=True)
     cold_stats, warm_stats, append_stats = percentiles(cold), percentiles(warm), percentiles(appends)
-    beside_stats = percentiles(beside)
+    beside_stats, import_stats = percentiles(beside_rebuild), percentiles(beside_import)
     return {"cold_user_first_build_p50_ms": cold_stats["p50_ms"], "cold_user_first_build_p99_ms": cold_stats["p99_ms"],
             "cold_user_first_append_p50_ms": append_stats["p50_ms"],
             "cold_user_first_append_p99_ms": append_stats["p99_ms"],
             "warm_new_query_p50_ms": warm_stats["p50_ms"], "warm_new_query_p99_ms": warm_stats["p99_ms"],
             "warm_beside_rebuild_p50_ms": beside_stats["p50_ms"], "warm_beside_rebuild_p99_ms": beside_stats["p99_ms"],
+            "warm_beside_import_p50_ms": import_stats["p50_ms"], "warm_beside_import_p99_ms": import_stats["p99_ms"],
             "cold_users": len(measured), "cold_user_turns": round(sum(turns[1:]) / len(measured)),
             "cold_user_data": data, "cold_samples": len(cold)}
 

@@ -13,6 +13,7 @@ from sidecar.app import Sidecar
 from sidecar.domain import MemoryType, NewMessage, Role, Scope
 from sidecar.memory.episodic import source as episodic_source
 from sidecar.memory.service import MemoryInput
+from sidecar.services.imports import PastSession
 
 ANN, BOB = Scope("t-load", "ann"), Scope("t-load", "bob")
 WAIT_S = 10.0
@@ -159,6 +160,26 @@ def test_a_cold_users_recall_index_load_does_not_hold_up_other_users(app, monkey
     go.set()
     loader.join(WAIT_S)
     assert sorted(loaded[0]) == sorted(RIVER)
+
+
+def test_an_imports_index_build_does_not_hold_up_other_users(app, monkeypatch):
+    """ImportSessions rebuilds the user's recall index from rows (the sessions may sit anywhere in their
+    timeline); other users' recall goes on meanwhile, and the import's user is in memory, caches made."""
+    _say(app, BOB, "I deploy the payment service on Fridays.")
+    assert _recalled(app, BOB, "payment service deploy")
+    reading, go = _hold_read(app, monkeypatch, ANN, method="list_user_messages")
+    importer, _ = _in_thread(lambda: app.imports.import_sessions(
+        ANN, [PastSession(messages=[NewMessage(role=Role.USER, text=t) for t in RIVER])]))
+    assert reading.wait(WAIT_S)
+    other, found = _in_thread(lambda: _recalled(app, BOB, "payment service deploy"))
+    other.join(WAIT_S)
+    assert not other.is_alive() and found[0] == ["I deploy the payment service on Fridays."]
+    go.set()
+    importer.join(WAIT_S)
+    assert not importer.is_alive() and app.episodic.indexed(ANN) == 2
+    state = app.episodic._users[(ANN.tenant_id, ANN.user_id)]
+    assert len(state._nbr_rows) == 2  # warmed before it was kept
+    assert sorted(_recalled(app, ANN, "kayak river")) == sorted(RIVER)
 
 
 @pytest.mark.parametrize("change", ["append", "exclude", "forget"])

@@ -196,16 +196,20 @@ class EpisodicSource:
         """store.import_listeners hook: imported sessions may sit anywhere in the user's timeline (they
         are dated by their first message), so the user's index is rebuilt from rows, in timeline
         order, as a restart would rebuild it, with its ranking caches (the user's next question
-        often comes next)."""
+        often comes next); without the lock, as a first call loads a user (_user), so other users'
+        calls do not wait behind a large import's build."""
+        key = (scope.tenant_id, scope.user_id)
         with self._lock:
-            key = (scope.tenant_id, scope.user_id)
             self._changes.changed(key)
             self._discard(key)
-            try:
-                self._load(scope).warm(self.ranking)
-            except Exception:
-                log.exception("episodic index rebuild failed for a user; rebuilt from rows on next use")
-                self.drop_user(scope)
+            state = self._users.pop(key, None)
+            if state is not None:
+                self._ranked.drop(state)
+        try:
+            self._user(scope, warm=True)
+        except Exception:
+            log.exception("episodic index rebuild failed for a user; rebuilt from rows on next use")
+            self.drop_user(scope)
 
     def generation(self, scope: Scope) -> tuple[int, int] | None:
         """Changes whenever the user's past turns are rebuilt or some leave recall (not when turns are
@@ -258,11 +262,12 @@ class EpisodicSource:
             state = self._users.get((scope.tenant_id, scope.user_id))
             return len(state) if state else 0
 
-    def _user(self, scope: Scope) -> _UserIndex:
+    def _user(self, scope: Scope, warm: bool = False) -> _UserIndex:
         """The user's index, loaded on first use (restored from its snapshot, or built from rows) without
         the lock, so calls for other users do not wait behind the read and the build; it is kept only if
         no change of the user's stripe landed meanwhile (turns appended, hidden, forgotten; the knobs
-        changed), else loaded again (ChangeSerials.load)."""
+        changed), else loaded again (ChangeSerials.load). `warm`: a loaded index's ranking caches are
+        made before it is kept, while no other call can see it (_UserIndex.warm)."""
         key = (scope.tenant_id, scope.user_id)
 
         def find() -> _UserIndex | None:
@@ -272,7 +277,8 @@ class EpisodicSource:
             return state
 
         def begin() -> Callable[[], tuple[_UserIndex, bool]]:
-            return partial(self._read, scope, self._snapshot_path(key), self.embedder, self.ranking, self._meta())
+            read = partial(self._read, scope, self._snapshot_path(key), self.embedder, self.ranking, self._meta())
+            return partial(_warmed, read, self.ranking) if warm else read
 
         def keep(got: tuple[_UserIndex, bool]) -> _UserIndex:
             state, unreadable = got
@@ -646,3 +652,9 @@ def _turn_meta(state: _UserIndex, rows: list[int], headers: list[ItemMeta], orde
         return headers[j]
     row = rows[j - len(headers)]
     return int(state.roles[row]), int(state.timestamps[row]), float(order[j]), (state.ids[row],)
+
+
+def _warmed(read: Callable[[], tuple[_UserIndex, bool]], ranking: Ranking) -> tuple[_UserIndex, bool]:
+    got = read()
+    got[0].warm(ranking)
+    return got
