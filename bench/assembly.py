@@ -274,18 +274,23 @@ def cold_users(quick: bool) -> dict:
 
     appends = [says(uid) for _ in range(rounds) for uid, _, _ in measured]
 
-    def beside(work) -> list[float]:
-        """Warm users' new questions while a second thread runs work() again and again."""
-        stop = threading.Event()
+    def beside(work, times: int = 3) -> list[float]:
+        """Warm users' new questions while a second thread runs work() again and again, until it has
+        run `times` times (and they asked at least warm_asks * 3 rounds)."""
+        stop, done = threading.Event(), []
 
         def loop() -> None:
             while not stop.is_set():
                 work()
+                done.append(1)
 
         worker = threading.Thread(target=loop)
         worker.start()
+        out: list[float] = []
         try:
-            return [ask(uid, qs, returning=False) for _ in range(warm_asks * 3) for uid, _, qs in measured[1:]]
+            while len(done) < times or len(out) < warm_asks * 3 * len(measured[1:]):
+                out += [ask(uid, qs, returning=False) for uid, _, qs in measured[1:]]
+            return out
         finally:
             stop.set()
             worker.join()
