@@ -12,7 +12,7 @@ from sidecar.api import context_service_pb2 as pb
 from sidecar.domain import Scope
 from sidecar.services import limits
 from tests.grpc_assert import expect_status
-from tests.test_bulk_ingest import SESSIONS, _FailingInsert, _messages, _replay, _stored
+from tests.test_bulk_ingest import QUESTIONS, SESSIONS, _FailingInsert, _messages, _replay, _stored
 
 
 def _past(day: int, turns: list[str], **kw) -> pb.ImportedSession:
@@ -262,3 +262,55 @@ def test_a_session_whose_summary_job_reads_its_view_is_cached_as_a_load_would_ma
     assert (loaded.session, loaded.messages, loaded.pinned) == (kept.session, kept.messages, kept.pinned)
     assert (loaded.summary, loaded.tool_results, loaded.notes, loaded.subsession_results, loaded.confirmed) == \
         (kept.summary, kept.tool_results, kept.notes, kept.subsession_results, kept.confirmed)
+
+
+def _index_of(app, scope: pb.Scope):
+    return app.episodic._users[(scope.tenant_id, scope.user_id)]
+
+
+def _recall(app, scope: pb.Scope) -> list[tuple[list[str], list[float]]]:
+    """Each question's recalled texts, best first, and their scores."""
+    out = []
+    for q in QUESTIONS:
+        state, rows, scores = app.episodic.search(Scope(scope.tenant_id, scope.user_id), q, "", 4000)
+        out.append(([state.texts[r] for r in rows.tolist()], scores.tolist()))
+    return out
+
+
+def test_a_history_imported_session_by_session_is_indexed_as_one_imported_at_once(fresh_server, monkeypatch):
+    """Sessions imported one call each, in date order, are added to the user's recall index in memory
+    (no rebuild from rows after the first); the index ranks as one built from rows. A session dated
+    before the user's others (an out-of-order import, or history imported after a live session)
+    rebuilds the index in timeline order."""
+    stub, app = fresh_server.stub, fresh_server.app
+    reads: list[str] = []
+    rows_of = app.store.list_user_messages
+
+    def counted(s, roles, newest=None):
+        reads.append(s.user_id)
+        return rows_of(s, roles, newest)
+
+    monkeypatch.setattr(app.store, "list_user_messages", counted)
+    by_session, at_once, backwards = (pb.Scope(tenant_id="import-steps", user_id=u) for u in ("steps", "once", "back"))
+    days = [*enumerate(SESSIONS), *((day + 3, [t.replace("I", "We") for t in turns]) for day, turns in enumerate(SESSIONS))]
+    for day, turns in days:
+        _import(stub, by_session, [_past(day, turns)])
+    assert reads == ["steps"]  # only the first import: the user was not in memory
+    _import(stub, at_once, [_past(day, turns) for day, turns in days])
+    for day, turns in reversed(days):  # each before the others: rebuilt every time
+        _import(stub, backwards, [_past(day, turns)])
+    assert reads.count("back") == len(days)
+    for scope in (by_session, at_once, backwards):
+        state = _index_of(app, scope)
+        assert list(state.ids) == [m.message_id for m in rows_of(Scope(scope.tenant_id, scope.user_id), [1, 2])]
+    assert _recall(app, by_session) == _recall(app, at_once) == _recall(app, backwards)
+    # A live session (created now), then a past one imported: it sorts before the live one, so the
+    # index is rebuilt in timeline order.
+    live = stub.CreateSession(pb.CreateSessionRequest(scope=by_session)).session_id
+    stub.AppendMessages(pb.AppendMessagesRequest(scope=by_session, session_id=live, messages=[
+        pb.NewMessage(role=pb.ROLE_USER, text="Today I repotted the basil.")]))
+    reads.clear()
+    _import(stub, by_session, [_past(9, ["Last year I grew tomatoes on the balcony."])])
+    assert reads == ["steps"]
+    state = _index_of(app, by_session)
+    assert list(state.ids) == [m.message_id for m in rows_of(Scope("import-steps", "steps"), [1, 2])]

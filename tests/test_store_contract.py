@@ -219,6 +219,12 @@ def test_user_timeline_over_sessions_and_its_newest_part(backend, scope):
     new_session(backend, scope, "child", created=3000, parent_session_id="late")
     backend.append_messages(scope, "child", msgs("c1"), counts(1), now_ms=8)
     assert [m.text for m in backend.list_user_messages(scope, user)] == ["e1", "e2", "e3", "l1", "l2"]  # no sub-session
+    # The last session in that order holding a message (sub-sessions, empty and excluded ones aside).
+    new_session(backend, scope, "empty", created=4000)
+    assert backend.newest_session_with_messages(scope, []) == (2000, "late")
+    assert backend.newest_session_with_messages(scope, ["late"]) == (1000, "early")
+    assert backend.newest_session_with_messages(scope, ["late", "early"]) is None
+    assert backend.newest_session_with_messages(Scope(scope.tenant_id, "someone-else"), []) is None
 
 
 def test_idempotency_keys(backend, scope):

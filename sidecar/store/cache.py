@@ -176,8 +176,8 @@ class CachingStore:
         # Called after every committed append with (scope, session_id, new messages): derived
         # indexes (episodic recall) stay current without polling the database.
         self.append_listeners: list[Callable[[Scope, str, list[Message]], None]] = []
-        # Called after every committed import with the user's scope.
-        self.import_listeners: list[Callable[[Scope], None]] = []
+        # Called after every committed import with the user's scope and the imported sessions.
+        self.import_listeners: list[Callable[[Scope, Sequence[SessionImport]], None]] = []
 
     def __getattr__(self, name: str) -> Any:
         # Everything not cached here (runs, jobs, ...) goes straight to the backend.
@@ -325,7 +325,7 @@ class CachingStore:
                 self._view_messages += len(view.messages)
             if kept:
                 self._trim()
-        _tell(self.import_listeners, scope)
+        _tell(self.import_listeners, scope, batch)
 
     def write_facts(self, scope: Scope, session_id: str, upserts: Sequence[Fact], deletes: Sequence[tuple[str, int]],
                     changes: Sequence[FactChange], at_ms: int) -> None:

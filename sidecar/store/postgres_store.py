@@ -356,6 +356,16 @@ class PostgresStore:
                             *([newest] if newest is not None else [])])
         return [records.message_from(r) for r in (rows[::-1] if newest is not None else rows)]
 
+    def newest_session_with_messages(self, scope: Scope, excluding: Sequence[str]) -> tuple[int, str] | None:
+        """(created_at_ms, session_id) of the user's last session in timeline order that holds a message,
+        sub-sessions and `excluding` left out; None when there is none."""
+        rows = self._query(
+            scope, "SELECT s.created_at_ms, s.session_id FROM sessions s WHERE s.tenant_id = %s AND s.user_id = %s "
+            "AND s.parent_session_id = '' AND NOT (s.session_id = ANY(%s)) AND EXISTS (SELECT 1 FROM messages m "
+            "WHERE m.tenant_id = s.tenant_id AND m.user_id = s.user_id AND m.session_id = s.session_id) "
+            "ORDER BY s.created_at_ms DESC, s.session_id DESC LIMIT 1",
+            [scope.tenant_id, scope.user_id, list(excluding)])
+        return (rows[0][0], rows[0][1]) if rows else None
     # ------------------------------------------------------------------ facts
     def get_facts(self, scope: Scope, session_id: str) -> list[Fact]:
         rows = self._query(

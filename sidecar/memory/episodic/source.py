@@ -9,7 +9,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -49,6 +49,7 @@ from sidecar.memory.episodic.snapshots import (
 )
 from sidecar.memory.episodic.terms import _WORD_RE, names_pattern
 from sidecar.memory.recall import SupersededTurn
+from sidecar.store.records import SessionImport
 from sidecar.tokens import count_line
 from sidecar.unlocked_loads import ChangeSerials
 
@@ -58,6 +59,9 @@ MAX_USERS = 2048  # users kept in memory; an evicted one is rebuilt from rows on
 # users together hold at most MAX_TOTAL_TURNS; the least recently used go first.
 MAX_TURNS_PER_USER = 4096
 MAX_TOTAL_TURNS = 262_144
+# An import of at most this many turns, all after the user's other sessions, is added to the user's
+# index in memory (holding the lock, as an append of as many does); a larger one is rebuilt without it.
+IMPORT_ADDED_MAX = 1000
 PASSAGES_KEPT = 4096  # long turns whose pieces, and packed texts (passages, marks) whose token counts, are kept
 
 
@@ -166,19 +170,23 @@ class EpisodicSource:
         view = self.store.session_view(scope, session_id)  # cached: the append just loaded it
         if view is None or view.session.parent_session_id:
             return  # a sub-agent's turns reach other sessions only as its result summary
-        key = (scope.tenant_id, scope.user_id)
         try:
             self._user(scope)
         except Exception:
             log.exception("episodic index load failed for a user; rebuilt from rows on next use")
             self.drop_user(scope)
             return
+        self._grow(scope, messages)
+
+    def _grow(self, scope: Scope, messages: Sequence[Message]) -> bool:
+        """Index the user's new turns into their index in memory; whether it was there."""
+        key = (scope.tenant_id, scope.user_id)
         with self._lock:
             self._changes.changed(key)
             self._discard(key)  # the user's rows changed: a saved index lacks these turns
             state = self._users.get(key)
             if state is None:  # left memory meanwhile: its next load reads these turns from rows
-                return
+                return False
             try:
                 if state.add(messages, self.embedder, self.ranking.stem) and len(state) > self.max_turns_per_user:
                     # Keep the newest three quarters, so the next compaction is a quarter of the cap away.
@@ -189,15 +197,21 @@ class EpisodicSource:
                 # searched. Drop it; the user's next search rebuilds it from rows.
                 log.exception("episodic index update failed for a user; rebuilt from rows on next use")
                 self.drop_user(scope)
-                return
+                return True
             self._bound(key)
+            return True
 
-    def on_import(self, scope: Scope) -> None:
-        """store.import_listeners hook: imported sessions may sit anywhere in the user's timeline (they
-        are dated by their first message), so the user's index is rebuilt from rows, in timeline
-        order, as a restart would rebuild it, with its ranking caches (the user's next question
-        often comes next); without the lock, as a first call loads a user (_user), so other users'
-        calls do not wait behind a large import's build."""
+    def on_import(self, scope: Scope, imported: Sequence[SessionImport] = ()) -> None:
+        """store.import_listeners hook. Imported sessions may sit anywhere in the user's timeline (they
+        are dated by their first message). Those that all come after the user's other sessions, of at
+        most IMPORT_ADDED_MAX turns, are added to the user's index in memory as an append of as many
+        would be (a history imported session by session costs each session's turns, not the whole
+        history again). Otherwise the user's index is rebuilt from rows, in timeline order, as a
+        restart would rebuild it, with its ranking caches (the user's next question often comes
+        next); without the lock, as a first call loads a user (_user), so other users' calls do not
+        wait behind a large import's build."""
+        if self._added_in_place(scope, imported):
+            return
         key = (scope.tenant_id, scope.user_id)
         with self._lock:
             self._changes.changed(key)
@@ -210,6 +224,15 @@ class EpisodicSource:
         except Exception:
             log.exception("episodic index rebuild failed for a user; rebuilt from rows on next use")
             self.drop_user(scope)
+
+    def _added_in_place(self, scope: Scope, imported: Sequence[SessionImport]) -> bool:
+        ordered = sorted(imported, key=lambda item: (item.session.created_at_ms, item.session.session_id))
+        turns = [m for item in ordered for m in item.plan.out]
+        if not turns or len(turns) > IMPORT_ADDED_MAX or (scope.tenant_id, scope.user_id) not in self._users:
+            return False
+        first = (ordered[0].session.created_at_ms, ordered[0].session.session_id)
+        last = self.store.newest_session_with_messages(scope, [item.session.session_id for item in ordered])
+        return (last is None or last < first) and self._grow(scope, turns)
 
     def generation(self, scope: Scope) -> tuple[int, int] | None:
         """Changes whenever the user's past turns are rebuilt or some leave recall (not when turns are
