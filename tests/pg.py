@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -55,3 +57,15 @@ def pg_url(schema: str, *, app_role: bool = True) -> str:
     """A postgres:// URL for `python -m sidecar serve --store` on that schema."""
     user = PG_APP_ROLE if app_role else "postgres"
     return f"postgresql://{user}@127.0.0.1:5432/test?schema={schema}"
+
+
+@contextmanager
+def pg_throwaway_schema(prefix: str) -> Iterator[str]:
+    """A fresh schema for the block (pg_create_schema), dropped after it."""
+    admin = pg_admin()
+    name = pg_create_schema(admin, prefix)
+    try:
+        yield name
+    finally:
+        pg_drop_schema(admin, name)
+        admin.close()

@@ -17,7 +17,7 @@ from sidecar.domain import NewMessage, Role, Scope
 from sidecar.memory.episodic.snapshots import CLEAN_MARK, _snapshot_name
 from sidecar.services.imports import PastSession
 from sidecar.store.postgres_store import PostgresStore
-from tests.pg import pg_admin, pg_create_schema, pg_drop_schema, pg_url
+from tests.pg import pg_admin, pg_create_schema, pg_drop_schema, pg_throwaway_schema, pg_url
 
 ANN, BOB, CAT = Scope("t", "ann"), Scope("t", "bob"), Scope("t", "cat")
 NEW_WORD = "quokka"  # only in the turn another replica adds
@@ -25,13 +25,8 @@ NEW_WORD = "quokka"  # only in the turn another replica adds
 
 @pytest.fixture
 def pg_schema() -> Iterator[str]:
-    admin = pg_admin()
-    schema = pg_create_schema(admin, "t_epi_snap")
-    try:
-        yield schema
-    finally:
-        pg_drop_schema(admin, schema)
-        admin.close()
+    with pg_throwaway_schema("t_epi_snap") as name:
+        yield name
 
 
 class _Replica:

@@ -130,6 +130,15 @@ def _recalled(app: Sidecar, scope: Scope, query: str) -> list[str]:
     return [state.texts[r].split(": ", 1)[1] for r in rows.tolist()]  # without the speaker
 
 
+def _bob_recalls_meanwhile(app: Sidecar, reading: threading.Event, go: threading.Event) -> None:
+    """Once Ann's read is held, Bob's recall completes; then Ann's read goes on."""
+    assert reading.wait(WAIT_S)
+    other, found = _in_thread(lambda: _recalled(app, BOB, "payment service deploy"))
+    other.join(WAIT_S)
+    assert not other.is_alive() and found[0] == ["I deploy the payment service on Fridays."]
+    go.set()
+
+
 RIVER = ["I kayaked down the Colorado river last June.", "My kayak is a red Perception Pescador."]
 
 
@@ -153,11 +162,7 @@ def test_a_cold_users_recall_index_load_does_not_hold_up_other_users(app, monkey
             return out
         monkeypatch.setattr(episodic_source, "map_snapshot", mapped)
     loader, loaded = _in_thread(lambda: _recalled(app, ANN, "kayak river"))
-    assert reading.wait(WAIT_S)
-    other, found = _in_thread(lambda: _recalled(app, BOB, "payment service deploy"))
-    other.join(WAIT_S)
-    assert not other.is_alive() and found[0] == ["I deploy the payment service on Fridays."]
-    go.set()
+    _bob_recalls_meanwhile(app, reading, go)
     loader.join(WAIT_S)
     assert sorted(loaded[0]) == sorted(RIVER)
 
@@ -170,11 +175,7 @@ def test_an_imports_index_build_does_not_hold_up_other_users(app, monkeypatch):
     reading, go = _hold_read(app, monkeypatch, ANN, method="list_user_messages")
     importer, _ = _in_thread(lambda: app.imports.import_sessions(
         ANN, [PastSession(messages=[NewMessage(role=Role.USER, text=t) for t in RIVER])]))
-    assert reading.wait(WAIT_S)
-    other, found = _in_thread(lambda: _recalled(app, BOB, "payment service deploy"))
-    other.join(WAIT_S)
-    assert not other.is_alive() and found[0] == ["I deploy the payment service on Fridays."]
-    go.set()
+    _bob_recalls_meanwhile(app, reading, go)
     importer.join(WAIT_S)
     assert not importer.is_alive() and app.episodic.indexed(ANN) == 2
     state = app.episodic._users[(ANN.tenant_id, ANN.user_id)]

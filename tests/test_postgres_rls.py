@@ -17,7 +17,7 @@ import pytest
 from sidecar.domain import MemoryChange, NewMessage, Role, Scope
 from sidecar.store.change_feed import Change, ChangeFeed
 from sidecar.store.pg_schema import LATEST_VERSION, TENANT_TABLES, USER_TABLES
-from tests.pg import pg_admin, pg_app_dsn, pg_create_schema, pg_drop_schema
+from tests.pg import pg_admin, pg_app_dsn, pg_create_schema, pg_drop_schema, pg_throwaway_schema
 from tests.test_store_contract import (
     _populate,
     counts,
@@ -36,13 +36,8 @@ A, A_BOB, B = Scope("tenant-a", "alice"), Scope("tenant-a", "bob"), Scope("tenan
 
 @pytest.fixture(scope="module")
 def schema() -> Iterator[str]:
-    admin = pg_admin()
-    name = pg_create_schema(admin, "t_rls")
-    try:
+    with pg_throwaway_schema("t_rls") as name:
         yield name
-    finally:
-        pg_drop_schema(admin, name)
-        admin.close()
 
 
 @pytest.fixture(scope="module")

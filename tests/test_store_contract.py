@@ -53,20 +53,15 @@ from sidecar.store import schema as duck_schema
 from sidecar.store.duckdb_store import USER_TABLES as DUCK_USER_TABLES
 from sidecar.store.duckdb_store import DuckDBStore
 from sidecar.store.records import SessionImport, plan_append
-from tests.pg import pg_admin, pg_app_dsn, pg_create_schema, pg_drop_schema
+from tests.pg import pg_app_dsn, pg_throwaway_schema
 
 BACKENDS = ["duckdb", "postgres"]
 
 
 @pytest.fixture(scope="module")
 def pg_schema() -> Iterator[str]:
-    admin = pg_admin()
-    name = pg_create_schema(admin, "t_contract")
-    try:
+    with pg_throwaway_schema("t_contract") as name:
         yield name
-    finally:
-        pg_drop_schema(admin, name)
-        admin.close()
 
 
 def open_backend(kind: str, request, tmp_path_factory):
