@@ -100,9 +100,10 @@ class EpisodicSource:
         # On PostgreSQL (snapshots_in given) users changed while no process of this directory ran
         # lose theirs at the start; feed_from is where this replica's change feed takes over.
         self.max_snapshot_bytes = max_snapshot_bytes
-        self._store_identity = store_identity(store)
-        opened = _open_snapshots(snapshot_dir(store, snapshots_in) if max_snapshot_bytes else None,
-                                 self._store_identity, getattr(getattr(store, "backend", store), "users_changed_since", None))
+        directory = snapshot_dir(store, snapshots_in) if max_snapshot_bytes else None
+        self._store_identity = store_identity(store) if directory is not None else ""
+        opened = _open_snapshots(directory, self._store_identity,
+                                 getattr(getattr(store, "backend", store), "users_changed_since", None))
         self._snapshot_dir, self._snapshots, self.feed_from = opened.directory, opened.current, opened.feed_from
         # The app's MemoryService.superseded_turns: turns a superseded memory was learnt from are
         # marked when recalled and never outrank the current memory's turns.
