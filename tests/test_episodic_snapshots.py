@@ -16,7 +16,7 @@ from sidecar.index.embedders import HashEmbedder
 from sidecar.memory.episodic import CLEAN_MARK, DEFAULT_RANKING, EpisodicSource
 from sidecar.memory.episodic.columns import StrColumn, StrLookup
 from sidecar.memory.episodic.index import _UserIndex
-from sidecar.memory.episodic.snapshots import pack, unpack
+from sidecar.memory.episodic.snapshots import LOCK_FILE, pack, unpack
 
 SCOPE = Scope("t", "u")
 QUERIES = ("What did Ann paint by the lake in May 2023?", "guitar concert", "When did Bob go hiking?",
@@ -136,7 +136,8 @@ class _FileStore:
 
 
 def _files(store: _FileStore) -> list[str]:
-    return sorted(p.name for p in Path(store.path).with_suffix(".episodic").iterdir())
+    """The snapshot directory's files but its lock file."""
+    return sorted(p.name for p in Path(store.path).with_suffix(".episodic").iterdir() if p.name != LOCK_FILE)
 
 
 def test_snapshots_are_saved_on_eviction_and_close_and_dropped_when_the_rows_change(tmp_path):
@@ -181,9 +182,15 @@ def test_snapshots_are_saved_on_eviction_and_close_and_dropped_when_the_rows_cha
     reopened = EpisodicSource(store, HashEmbedder(64))
     assert CLEAN_MARK not in _files(store)
     assert np.array_equal(reopened.search(SCOPE, query, "", 4000)[1], rows) and store.reads == reads
-    # After a crash (no clean close) no snapshot is trusted.
+    # While it runs, another process given the same directory keeps no snapshot there and deletes none.
     reopened.evict(SCOPE)
     assert len(_files(store)) == 1
+    beside = EpisodicSource(store, HashEmbedder(64))
+    assert beside._snapshot_dir is None and len(_files(store)) == 1
+    beside.evict(SCOPE)
+    assert len(_files(store)) == 1
+    # After a crash (no clean close; the process and its lock are gone) no snapshot is trusted.
+    reopened._snapshot_lock.close()
     crashed = EpisodicSource(store, HashEmbedder(64))
     assert _files(store) == []
     assert np.array_equal(crashed.search(SCOPE, query, "", 4000)[1], rows) and store.reads == reads + 1
@@ -224,7 +231,7 @@ def test_a_snapshot_of_an_older_format_or_cut_short_is_rebuilt_from_rows(tmp_pat
     _, rows, _ = source.search(SCOPE, "guitar by the lake", "", 4000)
     for spoil in (lambda blob: pickle.dumps({"meta": source._meta()}), lambda blob: blob[:len(blob) // 2]):
         source.evict(SCOPE)
-        (path,) = Path(store.path).with_suffix(".episodic").iterdir()
+        (path,) = Path(store.path).with_suffix(".episodic").glob("*.snap")
         path.write_bytes(spoil(path.read_bytes()))
         reads = store.reads
         _, again, _ = source.search(SCOPE, "guitar by the lake", "", 4000)
@@ -252,7 +259,7 @@ def test_snapshots_are_bounded_oldest_saved_first(tmp_path):
         source.search(scope, "guitar", "", 4000)
         source.evict(scope)
     directory = Path(store.path).with_suffix(".episodic")
-    sizes = {p.name: p.stat().st_size for p in directory.iterdir()}
+    sizes = {p.name: p.stat().st_size for p in directory.iterdir() if p.suffix == ".snap"}
     assert len(sizes) == 2 and sum(sizes.values()) <= one * 2.5
     source.close()
     reads = store.reads

@@ -5,6 +5,7 @@ EpisodicSource's (source.py)."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -14,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 log = logging.getLogger("sidecar.episodic")
 
@@ -51,11 +53,15 @@ def store_identity(store) -> str:
 ChangedSince = Callable[[int], tuple[set[tuple[str, str]], int]]
 
 
+LOCK_FILE = ".lock"  # held (flock) by the one process using the directory, for as long as it runs
+
+
 @dataclass(frozen=True, slots=True)
 class OpenedSnapshots:
     directory: Path | None  # None where it cannot be used
     current: OrderedDict[str, int]  # the snapshots that are current, oldest saved first, with their sizes
     feed_from: int | None  # with changed_since: the change seq the replica's feed must start after
+    lock: IO[bytes] | None = None  # the open lock file: closing it lets the directory go
 
 
 def _open_snapshots(directory: Path | None, identity: str = "",
@@ -67,6 +73,11 @@ def _open_snapshots(directory: Path | None, identity: str = "",
         return OpenedSnapshots(None, OrderedDict(), None)
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        lock = _lock(directory)
+        if lock is None:
+            log.warning("episodic snapshots: %s is in use by another process; this one keeps none (give each "
+                        "its own directory)", directory)
+            return OpenedSnapshots(None, OrderedDict(), None)
         mark = directory / CLEAN_MARK
         saved = _read_mark(mark)
         mark.unlink(missing_ok=True)
@@ -89,13 +100,25 @@ def _open_snapshots(directory: Path | None, identity: str = "",
             if clean and path.suffix == ".snap" and path.name not in stale:
                 stat = path.stat()
                 kept.append((stat.st_mtime_ns, path.name, stat.st_size))
-            elif path.is_file():
+            elif path.is_file() and path.name != LOCK_FILE:
                 path.unlink(missing_ok=True)
         return OpenedSnapshots(directory, OrderedDict((name, size) for _, name, size in sorted(kept)),
-                               feed_from if clean else None)
+                               feed_from if clean else None, lock)
     except OSError:
         log.exception("episodic snapshots unavailable in %s", directory)
         return OpenedSnapshots(None, OrderedDict(), None)
+
+
+def _lock(directory: Path) -> IO[bytes] | None:
+    """The directory's lock file, opened and locked; None when another process holds it (two processes
+    sharing one directory would restore each other's snapshots, which neither's changes delete)."""
+    f = (directory / LOCK_FILE).open("ab")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
 
 
 def _read_mark(mark: Path) -> dict | None:

@@ -105,6 +105,7 @@ class EpisodicSource:
         opened = _open_snapshots(directory, self._store_identity,
                                  getattr(getattr(store, "backend", store), "users_changed_since", None))
         self._snapshot_dir, self._snapshots, self.feed_from = opened.directory, opened.current, opened.feed_from
+        self._snapshot_lock = opened.lock
         # The app's MemoryService.superseded_turns: turns a superseded memory was learnt from are
         # marked when recalled and never outrank the current memory's turns.
         self.superseded_turns: Callable[[Scope], dict[str, SupersededTurn]] | None = None
@@ -140,6 +141,10 @@ class EpisodicSource:
                 write_mark(self._snapshot_dir, self._store_identity, change_seq)
             except OSError:
                 log.warning("episodic snapshots: could not mark them current; rebuilt from rows next start")
+            # The directory is the next process's: nothing more is saved or deleted there by this one.
+            self._snapshot_dir = None
+            if self._snapshot_lock is not None:
+                self._snapshot_lock.close()
 
     def use_model(self, embedder: Embedder, ranking: Ranking = MODEL_RANKING) -> None:
         """Rank with a model embedder and the ranking tuned for one; indexes are rebuilt from rows."""
