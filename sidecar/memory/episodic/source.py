@@ -236,9 +236,9 @@ class EpisodicSource:
         turns = [m for item in ordered for m in item.plan.out]
         if not turns or len(turns) > IMPORT_ADDED_MAX or (scope.tenant_id, scope.user_id) not in self._users:
             return False
-        first = (ordered[0].session.created_at_ms, ordered[0].session.session_id)
         last = self.store.newest_session_with_messages(scope, [item.session.session_id for item in ordered])
-        return (last is None or last < first) and self._grow(scope, turns)
+        # Strictly later: sessions of the same millisecond are ordered by id in the database's collation.
+        return (last is None or last[0] < ordered[0].session.created_at_ms) and self._grow(scope, turns)
 
     def generation(self, scope: Scope) -> tuple[int, int] | None:
         """Changes whenever the user's past turns are rebuilt or some leave recall (not when turns are
