@@ -111,8 +111,8 @@ cdef Py_ssize_t _tokenize(const uint32_t* cps, Py_ssize_t n, Py_ssize_t* starts,
     return nt
 
 
-cdef Py_ssize_t _prepare(object text, Py_ssize_t k, TextBuf* tb) except -1:
-    """Lowercase `text` (Python's own str.lower, for exact Unicode semantics), tokenize into tb."""
+cdef Py_ssize_t _lowered(object text, Py_ssize_t k, TextBuf* tb) except -1:
+    """`text` lowercased (Python's own str.lower, for exact Unicode semantics) into tb.cps; its length."""
     if not isinstance(text, str):
         raise TypeError(f"texts[{k}] must be str, got {type(text).__name__}")
     low = text.lower()
@@ -120,6 +120,12 @@ cdef Py_ssize_t _prepare(object text, Py_ssize_t k, TextBuf* tb) except -1:
     _ensure(tb, n + 1)
     if n:
         PyUnicode_AsUCS4(low, <Py_UCS4*>tb.cps, tb.cap, 0)
+    return n
+
+
+cdef Py_ssize_t _prepare(object text, Py_ssize_t k, TextBuf* tb) except -1:
+    """Lowercase `text` into tb and tokenize it there; the number of tokens."""
+    cdef Py_ssize_t n = _lowered(text, k, tb)
     return _tokenize(tb.cps, n, tb.starts, tb.ends)
 
 
@@ -431,14 +437,7 @@ def word_vector_sums(texts, WordTable table not None, weighted):
     memset(&tb, 0, sizeof(tb))
     try:
         for k in range(n):
-            text = items[k]
-            if not isinstance(text, str):
-                raise TypeError(f"texts[{k}] must be str, got {type(text).__name__}")
-            low = text.lower()
-            nc = PyUnicode_GET_LENGTH(low)
-            _ensure(&tb, nc + 1)
-            if nc:
-                PyUnicode_AsUCS4(low, <Py_UCS4*>tb.cps, tb.cap, 0)
+            nc = _lowered(items[k], k, &tb)
             acc = op + k * dim
             i = 0
             while i < nc:

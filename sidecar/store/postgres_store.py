@@ -366,6 +366,7 @@ class PostgresStore:
             "ORDER BY s.created_at_ms DESC, s.session_id DESC LIMIT 1",
             [scope.tenant_id, scope.user_id, list(excluding)])
         return (rows[0][0], rows[0][1]) if rows else None
+
     # ------------------------------------------------------------------ facts
     def get_facts(self, scope: Scope, session_id: str) -> list[Fact]:
         rows = self._query(
