@@ -168,6 +168,21 @@ def test_current_session_messages_are_not_duplicated(running, user):
     assert all(it.category == pb.CATEGORY_RECENT_MESSAGES for it in items if it.source.startswith("message:"))
 
 
+def test_a_first_session_embeds_no_query_for_recall(running, user, monkeypatch):
+    """With no turns outside the session there is nothing to rank: the query is not embedded; once
+    another session has turns, it is, and they are recalled."""
+    sid, _ = session(running.stub, user, OLD)
+    embedded: list[str] = []
+    embed = running.source.embedder.embed
+    monkeypatch.setattr(running.source.embedder, "embed", lambda texts: embedded.extend(texts) or embed(texts))
+    build(running.stub, user, sid, "tortoise Shelly")
+    build(running.stub, user, sid, "night shift")
+    assert embedded == []
+    _, ids = session(running.stub, user, [("Ann", "My tortoise Shelly hates the rain.")])
+    assert f"message:{ids[0]}" in [it.source for it in build(running.stub, user, sid, "tortoise Shelly")]
+    assert embedded
+
+
 def test_forget_drops_the_index(running, user):
     session(running.stub, user, OLD)
     scope = Scope(user.tenant_id, user.user_id)

@@ -308,3 +308,33 @@ def test_a_fold_comes_early_when_the_next_prompt_changes_before_the_summary_anyw
             if pb.SECTION_KIND_SUMMARY in _kinds(resp):
                 first_summary.setdefault(name, i)
     assert first_summary.get("facts") == 36 < first_summary["plain"], first_summary
+
+
+def test_a_section_repeated_from_the_sessions_last_prompt_keeps_its_digest(monkeypatch):
+    """Digests are those of the sections' bytes; a section whose items are those of the same section of
+    the session's last prompt is not read again (another session's, or a changed one, is)."""
+    from types import SimpleNamespace
+
+    from sidecar.assembly import prompt_cache
+    from sidecar.assembly.candidates import Section
+
+    read: list[list[bytes]] = []
+    digest = prompt_cache._digest
+    monkeypatch.setattr(prompt_cache, "_digest", lambda bodies: read.append(bodies) or digest(bodies))
+
+    def section(kind, *bodies):
+        return SimpleNamespace(kind=kind, tokens=len(bodies), bodies=list(bodies), item_tokens=[1] * len(bodies))
+
+    memory = prompt_cache.PromptMemory()
+    rules, history = section(Section.SYSTEM_RULES, b"rules"), section(Section.RECENT_MESSAGES, b"a", b"b")
+    first = memory.compare(("t", "u", "s"), [rules, history], {})
+    assert [d.hash for d in first.digests] == [digest([b"rules"]), digest([b"a", b"b"])] and len(read) == 2
+    grown = section(Section.RECENT_MESSAGES, b"a", b"b", b"c")
+    again = memory.compare(("t", "u", "s"), [section(Section.SYSTEM_RULES, b"rules"), grown], {})
+    assert [d.hash for d in again.digests] == [digest([b"rules"]), digest([b"a", b"b", b"c"])]
+    assert read[2:] == [[b"a", b"b", b"c"]]  # the rules were not read again
+    assert again.prefix_tokens == 1 + 2
+    # The same bytes under another section kind, or in another session, are read.
+    memory.compare(("t", "u", "s"), [section(Section.TOOLS, b"rules")], {})
+    memory.compare(("t", "u", "other"), [section(Section.SYSTEM_RULES, b"rules")], {})
+    assert read[3:] == [[b"rules"], [b"rules"]]

@@ -68,9 +68,17 @@ class PromptMemory:
                 header_tokens: Mapping[Section, int], head: Hashable = None) -> PromptCache:
         """The cache report of this prompt (sections in render order) against the session's previous
         one, which it then replaces (with the `head` it was built on: see prompt_head)."""
-        seen = [_Seen(SectionDigest(p.kind, _digest(p.bodies), p.tokens + header_tokens.get(p.kind, 0)),
-                      tuple(map(hash, p.bodies)))
-                for p in packed if p.bodies]
+        with self._lock:
+            last = self._previous.get(key)
+        # A section whose items are those of a section of the session's previous prompt (the rules, the
+        # tools, the kept recall) keeps its digest: its bytes are not read again.
+        known = {(s.digest.kind, s.item_hashes): s.digest.hash for s in last[0]} if last is not None else {}
+        seen = []
+        for p in packed:
+            if p.bodies:
+                hashes = tuple(map(hash, p.bodies))
+                digest = known.get((p.kind, hashes)) or _digest(p.bodies)
+                seen.append(_Seen(SectionDigest(p.kind, digest, p.tokens + header_tokens.get(p.kind, 0)), hashes))
         with self._lock:
             before, _ = self._previous.pop(key, ([], None))
             self._previous[key] = (seen, head)

@@ -451,6 +451,10 @@ class EpisodicSource:
         # builder embedded ahead (query_texts) or the memory source's embedding of the query is reused.
         text = self._query_text(key, query, given)
         qvec = None
+        # Nothing to embed for when the user has no turns outside this session (a first session):
+        # decided again under the lock, which embeds the query itself if turns arrived meanwhile.
+        if known is not None and len(known) <= len(known.session_rows.get(exclude_session, ())):
+            text = None
         if text is not None and (known is None or self._ranked.get(known, memo) is None):
             qvec = self.embedder.embed([text])[0]
         self._user(scope)  # loaded (if need be) before the lock
