@@ -126,6 +126,19 @@ def test_knowledge_beats_conflicting_memory(stub, scope):
     conflict = next(d for d in ctx.dropped if d.source == f"memory:{mem.memory_id}")
     assert conflict.reason == pb.DROP_REASON_CONFLICT_WITH_KNOWLEDGE and conflict.kept_source.startswith("kb:")
 
+    def verdict(query: str) -> list[tuple[str, str]]:
+        ctx = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid, query=query))
+        return [(d.source, d.kept_source) for d in ctx.dropped if d.reason == pb.DROP_REASON_CONFLICT_WITH_KNOWLEDGE]
+
+    assert verdict("how do I restart payment-api?") == [(conflict.source, conflict.kept_source)]  # kept: the same
+    # The memory's text changes (its id may stay): judged again, on what it says now.
+    new = stub.UpdateMemory(pb.UpdateMemoryRequest(scope=scope, memory_id=mem.memory_id,
+                                                   content="I restart payment api pods on Fridays for fun"))
+    assert verdict("how do I restart payment-api?") == []
+    stub.UpdateMemory(pb.UpdateMemoryRequest(scope=scope, memory_id=new.memory_id,
+                                             content="To restart payment-api I just do a manual rollout restart"))
+    assert [k for _, k in verdict("how do I restart payment-api?")] == [conflict.kept_source]
+
 
 def test_restart_index_agrees_with_rows_and_delete_leaves_nothing(spawn):
     proc = spawn(db_name="kb.duckdb")

@@ -4,6 +4,9 @@ memory on the same subject."""
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import numpy as np
 
 import fastpath
@@ -39,6 +42,7 @@ CONFLICT_MAX_MEMORIES = 32
 DROP_CONFLICT_WITH_KNOWLEDGE = 7
 MAX_CACHED_ITEMS = 1 << 16
 MAX_CACHED_NEIGHBOURHOODS = 1024  # per tenant
+MAX_KEPT_VERDICTS = 1024  # knowledge_beats_memory's, across tenants (keyed by the texts judged)
 GraphItems = tuple[list[str], list[str], list[int], list[bytes], list[float]]
 
 
@@ -165,7 +169,36 @@ class KnowledgeSource:
 def knowledge_beats_memory(knowledge: KnowledgeService):
     """Resolver run on all batches before selection: a memory on the subject of a knowledge chunk
     is taken out and reported as conflict_with_knowledge. Uses the vectors and term sets the
-    sources attached (computed at index time), so it costs a small matrix product per call."""
+    sources attached (computed at index time), so it costs a small matrix product per call; the
+    verdicts on the same texts (the same question again, as in an agent's tool loop) are kept."""
+    kept: OrderedDict[tuple, list[tuple[int, int]]] = OrderedDict()
+    lock = threading.Lock()
+
+    def conflicts(mb: CandidateBatch, mine: list[int], refs: list[tuple[CandidateBatch, int]]) -> list[tuple[int, int]]:
+        """(index in mine, index in refs) of each memory on the subject of a chunk, and that chunk."""
+        # A verdict depends on the texts alone (their vectors and terms are the texts'), in this order.
+        key = (tuple(mb.texts[j] for j in mine), tuple(b.texts[i] for b, i in refs))
+        with lock:
+            found = kept.get(key)
+            if found is not None:
+                kept.move_to_end(key)
+                return found
+        kb_vecs = np.concatenate([_vectors_of(knowledge, b, at) for b, at in _per_batch(refs)])
+        sims = _vectors_of(knowledge, mb, mine) @ kb_vecs.T
+        # Term containment (share of the memory's terms found in the chunk), scaled so that
+        # CONFLICT_CONTAINMENT counts like CONFLICT_COSINE; only for pairs already somewhat close
+        # (the rest cannot be on the same subject). The best chunk per memory, in one compiled pass.
+        best, scores, cosines = fastpath.best_matches(sims, [_terms_of(mb, j) for j in mine],
+                                                      [_terms_of(b, i) for b, i in refs], CONTAINMENT_FLOOR,
+                                                      CONFLICT_MIN_SHARED, CONFLICT_COSINE / CONFLICT_CONTAINMENT)
+        # Saying the same thing is no conflict: fastpath's dedup keeps the better of the two.
+        rows = np.flatnonzero((scores >= CONFLICT_COSINE) & (cosines < SAME_STATEMENT_COSINE)).tolist()
+        found = [(row, int(best[row])) for row in rows]
+        with lock:
+            kept[key] = found
+            while len(kept) > MAX_KEPT_VERDICTS:
+                kept.popitem(last=False)
+        return found
 
     def resolve(batches: list[CandidateBatch]) -> None:
         kb = [b for b in batches if b.section == Section.KNOWLEDGE and len(b)]
@@ -175,24 +208,13 @@ def knowledge_beats_memory(knowledge: KnowledgeService):
         refs = _first_chunks(kb)
         if not refs:
             return
-        kb_vecs = np.concatenate([_vectors_of(knowledge, b, at) for b, at in _per_batch(refs)])
-        kb_terms = [_terms_of(b, i) for b, i in refs]
         for mb in memories:
             mine = _top_memories(mb)
             if not mine:
                 continue
-            sims = _vectors_of(knowledge, mb, mine) @ kb_vecs.T
-            # Term containment (share of the memory's terms found in the chunk), scaled so that
-            # CONFLICT_CONTAINMENT counts like CONFLICT_COSINE; only for pairs already somewhat close
-            # (the rest cannot be on the same subject). The best chunk per memory, in one compiled pass.
-            best, scores, cosines = fastpath.best_matches(sims, [_terms_of(mb, j) for j in mine], kb_terms,
-                                                          CONTAINMENT_FLOOR, CONFLICT_MIN_SHARED,
-                                                          CONFLICT_COSINE / CONFLICT_CONTAINMENT)
-            # Saying the same thing is no conflict: fastpath's dedup keeps the better of the two.
-            conflicts = (scores >= CONFLICT_COSINE) & (cosines < SAME_STATEMENT_COSINE)
             out = set()
-            for row in np.flatnonzero(conflicts).tolist():
-                j, (b, i) = mine[row], refs[int(best[row])]
+            for row, ref in conflicts(mb, mine, refs):
+                j, (b, i) = mine[row], refs[ref]
                 out.add(j)
                 mb.dropped.append(SourceDrop(mb.sources[j], mb.category, DROP_CONFLICT_WITH_KNOWLEDGE,
                                              int(mb.tokens[j]), kept_source=b.sources[i]))
