@@ -42,7 +42,7 @@ CONFLICT_MAX_MEMORIES = 32
 DROP_CONFLICT_WITH_KNOWLEDGE = 7
 MAX_CACHED_ITEMS = 1 << 16
 MAX_CACHED_NEIGHBOURHOODS = 1024  # per tenant
-MAX_KEPT_VERDICTS = 1024  # knowledge_beats_memory's, across tenants (keyed by the texts judged)
+MAX_KEPT_VERDICTS = 1024  # knowledge_beats_memory's, across tenants (keyed by the hash of the texts judged)
 GraphItems = tuple[list[str], list[str], list[int], list[bytes], list[float]]
 
 
@@ -171,13 +171,14 @@ def knowledge_beats_memory(knowledge: KnowledgeService):
     is taken out and reported as conflict_with_knowledge. Uses the vectors and term sets the
     sources attached (computed at index time), so it costs a small matrix product per call; the
     verdicts on the same texts (the same question again, as in an agent's tool loop) are kept."""
-    kept: OrderedDict[tuple, list[tuple[int, int]]] = OrderedDict()
+    kept: OrderedDict[int, list[tuple[int, int]]] = OrderedDict()
     lock = threading.Lock()
 
     def conflicts(mb: CandidateBatch, mine: list[int], refs: list[tuple[CandidateBatch, int]]) -> list[tuple[int, int]]:
         """(index in mine, index in refs) of each memory on the subject of a chunk, and that chunk."""
-        # A verdict depends on the texts alone (their vectors and terms are the texts'), in this order.
-        key = (tuple(mb.texts[j] for j in mine), tuple(b.texts[i] for b, i in refs))
+        # A verdict depends on the texts alone (their vectors and terms are the texts'), in this order. Kept
+        # by their hash: no text outlives its memory here (a deleted memory, a forgotten user).
+        key = hash((tuple(mb.texts[j] for j in mine), tuple(b.texts[i] for b, i in refs)))
         with lock:
             found = kept.get(key)
             if found is not None:
