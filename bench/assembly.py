@@ -325,6 +325,10 @@ def cold_users(quick: bool) -> dict:
             "cold_user_data": data, "cold_samples": len(cold)}
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a is not None and b else None
+
+
 CALLERS = 8
 GO_BUILD = ROOT / "clients" / "go" / "build.sh"
 GO_LOADGEN = ROOT / "clients" / "go" / "build" / "bin" / "sidecar-loadgen"
@@ -498,6 +502,11 @@ def main() -> None:
         "load_generator": "go" if loadgen is not None else "python", "load_callers": CALLERS,
         "server_cpus": server_cpu, "load_generator_cpus": client_cpu,
         "throughput_vs_floor": round(load["rps"] / floor_load["rps"], 3) if floor_load["rps"] else None,
+        # The other ratios, computed here so a run is read against its targets at once.
+        "grpc_p50_vs_floor": _ratio(grpc_stats["p50_ms"], floor_stats["p50_ms"]),
+        "server_cpu_vs_floor": _ratio(load["server_cpu_ms"], floor_load["server_cpu_ms"]),
+        "grpc_p99_vs_p50": _ratio(grpc_stats["p99_ms"], grpc_stats["p50_ms"]),
+        "inproc_p99_vs_p50": _ratio(inproc_stats["p99_ms"], inproc_stats["p50_ms"]),
         # Latency under the load, as the Go load generator saw it (None with Python threads).
         "load_p50_ms": load.get("p50_ms"), "load_p99_ms": load.get("p99_ms"),
         "floor_load_p50_ms": floor_load.get("p50_ms"), "floor_load_p99_ms": floor_load.get("p99_ms"),
