@@ -42,7 +42,7 @@ CONFLICT_MAX_MEMORIES = 32
 DROP_CONFLICT_WITH_KNOWLEDGE = 7
 MAX_CACHED_ITEMS = 1 << 16
 MAX_CACHED_NEIGHBOURHOODS = 1024  # per tenant
-MAX_KEPT_VERDICTS = 1024  # knowledge_beats_memory's, across tenants (keyed by the hash of the texts judged)
+MAX_KEPT_VERDICTS = 1024  # knowledge_beats_memory's, across tenants (keyed by the hash of what was judged)
 GraphItems = tuple[list[str], list[str], list[int], list[bytes], list[float]]
 
 
@@ -170,15 +170,16 @@ def knowledge_beats_memory(knowledge: KnowledgeService):
     """Resolver run on all batches before selection: a memory on the subject of a knowledge chunk
     is taken out and reported as conflict_with_knowledge. Uses the vectors and term sets the
     sources attached (computed at index time), so it costs a small matrix product per call; the
-    verdicts on the same texts (the same question again, as in an agent's tool loop) are kept."""
+    verdicts on the same candidates (the same question again, as in an agent's tool loop) are kept."""
     kept: OrderedDict[int, list[tuple[int, int]]] = OrderedDict()
     lock = threading.Lock()
 
     def conflicts(mb: CandidateBatch, mine: list[int], refs: list[tuple[CandidateBatch, int]]) -> list[tuple[int, int]]:
         """(index in mine, index in refs) of each memory on the subject of a chunk, and that chunk."""
-        # A verdict depends on the texts alone (their vectors and terms are the texts'), in this order. Kept
+        # A verdict depends on the candidates' vectors and terms, in this order: a source (its id) with its
+        # text pins both (a memory's vector is set with its text, a chunk's by its document version). Kept
         # by their hash: no text outlives its memory here (a deleted memory, a forgotten user).
-        key = hash((tuple(mb.texts[j] for j in mine), tuple(b.texts[i] for b, i in refs)))
+        key = hash((tuple((mb.sources[j], mb.texts[j]) for j in mine), tuple((b.sources[i], b.texts[i]) for b, i in refs)))
         with lock:
             found = kept.get(key)
             if found is not None:
