@@ -25,12 +25,17 @@ MAX_SNAPSHOT_BYTES = 1 << 30  # users' saved indexes over all users (~1.5 MB for
 CLEAN_MARK = "CLEAN"  # written at close once every saved snapshot is current
 
 
+def backend_of(store):
+    """The database store beneath the app's caching store (or the store itself)."""
+    return getattr(store, "backend", store)
+
+
 def snapshot_dir(store, configured: str = "") -> Path | None:
     """Where users' indexes are saved: `configured` if given, else beside a DuckDB file. None for an
     in-memory database and for a shared PostgreSQL store given no directory of the replica's own."""
     if configured:
         return Path(configured)
-    path = getattr(getattr(store, "backend", store), "path", None)
+    path = getattr(backend_of(store), "path", None)
     if not isinstance(path, str) or not path or path == ":memory:":
         return None
     return Path(path).with_suffix(".episodic")
@@ -39,7 +44,7 @@ def snapshot_dir(store, configured: str = "") -> Path | None:
 def store_identity(store) -> str:
     """Which database the snapshots were saved from: a DuckDB file's path, a PostgreSQL change log's
     identity. Snapshots saved from another are not restored."""
-    backend = getattr(store, "backend", store)
+    backend = backend_of(store)
     identity = getattr(backend, "identity", None)
     if callable(identity):
         return str(identity())

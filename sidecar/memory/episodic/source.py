@@ -41,6 +41,7 @@ from sidecar.memory.episodic.snapshots import (
     SNAPSHOT_VERSION,
     _open_snapshots,
     _snapshot_name,
+    backend_of,
     log,
     map_snapshot,
     snapshot_dir,
@@ -103,7 +104,7 @@ class EpisodicSource:
         directory = snapshot_dir(store, snapshots_in) if max_snapshot_bytes else None
         self._store_identity = store_identity(store) if directory is not None else ""
         opened = _open_snapshots(directory, self._store_identity,
-                                 getattr(getattr(store, "backend", store), "users_changed_since", None))
+                                 getattr(backend_of(store), "users_changed_since", None))
         self._snapshot_dir, self._snapshots, self.feed_from = opened.directory, opened.current, opened.feed_from
         self._snapshot_lock = opened.lock
         # The app's MemoryService.superseded_turns: turns a superseded memory was learnt from are
