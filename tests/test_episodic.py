@@ -335,19 +335,6 @@ def test_compaction_inside_a_session_cuts_its_neighbours():
     assert all(r >= 0 for rows, _ in small.posting_lists().values() for r in rows)
 
 
-def test_concepts_expand_category_words(running, user):
-    _, ids = session(running.stub, user, [("Ann", "We took the kids camping by the lake."),
-                                          ("Bob", "Nice! The weather was good?"),
-                                          ("Ann", "Perfect, and we grilled corn."),
-                                          ("Bob", "I just repaired my bike."),
-                                          ("Ann", "My boss gave me a raise at the office.")])
-    new_sid, _ = session(running.stub, user, [])
-    source = running.source
-    scope = Scope(user.tenant_id, user.user_id)
-    state, rows, _ = source.search(scope, "What activities has Ann done with her family?", new_sid, 10_000)
-    assert state.ids[int(rows[0])] == ids[0]  # no query word in the turn: "activities"/"family" -> camping, kids
-
-
 def test_sparse_window_bm25_matches_the_dense_form():
     import numpy as np
 
@@ -648,7 +635,7 @@ def test_similar_words_widen_the_query():
     turns = [("Ann", "My husband cooked dinner for us."), ("Bob", "Nice."), ("Ann", "Cool weather today."),
              ("Bob", "Sure."), ("Ann", "Sure."), ("Bob", "Yes."), ("Ann", "I bought a new lamp and a guitar.")]
     state = _index([(MAY_8, turns)])
-    r = Ranking(opener_boost=0.0, assoc_terms=0, concept_weight=0.0)
+    r = Ranking(opener_boost=0.0, assoc_terms=0)
     names = {"ann", "bob"}
     assert state.similar(terms("Is Ann married?"), names, r) == ["husband"]  # the user's words only
     assert state.similar(terms("Is Ann married?"), names, replace(r, similar_min=0.99)) == []
@@ -695,27 +682,6 @@ def test_warm_up_stops_once_closed_and_the_app_waits_for_it(tmp_path):
     assert not sidecar._episodic_warm_up.is_alive()
 
 
-def test_concept_kin_widens_a_category_word_through_the_word_vectors():
-    from sidecar.memory.episodic import CONCEPTS, Ranking, concept_rows, table_stems
-
-    def concept_stems(concept: str, min_cosine: float) -> tuple[str, ...]:
-        return table_stems(concept_rows(concept, min_cosine))
-
-    activity = stem("activities")
-    kin = concept_stems(activity, 0.45)
-    # "jogging" is not in the hand-written list for "activities"; its vector sits near the list's centroid.
-    assert stem("jogging") in kin and stem("jogging") not in CONCEPTS[activity] and concept_stems("zzqx", 0.45) == ()
-    assert len(concept_stems(activity, 0.6)) < len(kin)
-    turns = [("Ann", "Went jogging along the river at dawn."), ("Bob", "Nice."), ("Ann", "Cool weather today."),
-             ("Bob", "Sure."), ("Ann", "I bought a new lamp.")]
-    state = _index([(MAY_8, turns)])
-    r = Ranking(opener_boost=0.0, assoc_terms=0, similar_terms=0, prf_docs=0, concept_similar=20, concept_min=0.45)
-    q = "What activities does Ann do?"
-    assert state.concept_kin(terms(q), {"ann", "bob"}, r) == [stem("jogging")]  # the user's words, only the kin
-    wide, plain = state.rank(q, None, "", r), state.rank(q, None, "", replace(r, concept_similar=0))
-    assert plain.max() == 0 < wide[0] and int(np.argmax(wide)) == 0
-
-
 def test_a_question_for_kinds_of_things_is_told_apart():
     from sidecar.memory.episodic import asks_for_kinds
 
@@ -733,7 +699,7 @@ def test_a_question_for_kinds_gives_meaning_its_own_share():
 
     state = _index([(MAY_8, [("Ann", "I went to Paris and Rome."), ("Bob", "Which one was best?"),
                              ("Ann", "Rome, for the food."), ("Bob", "I have not travelled much.")])])
-    base = Ranking(opener_boost=0.0, assoc_terms=0, similar_terms=0, prf_docs=0, concept_similar=0, dense_weight=0.0)
+    base = Ranking(opener_boost=0.0, assoc_terms=0, similar_terms=0, prf_docs=0, dense_weight=0.0)
     for q, kinds in (("Which cities has Ann visited?", True), ("Where did Ann go to eat?", False)):
         qvec = HashEmbedder(state.dim).embed([q])[0]
         lexical = state.rank(q, qvec, "", base)
@@ -749,7 +715,7 @@ def test_a_question_asking_when_gives_meaning_its_own_share():
         == [True] * 3
     assert [asks_when(q) for q in ("Whence?", "How many dogs?", "What did Ann say when Bob left?", "")] == [False] * 4
     state = _index([(MAY_8, [("Ann", "I moved to Paris."), ("Bob", "Which part?"), ("Ann", "Near the river.")])])
-    base = Ranking(opener_boost=0.0, assoc_terms=0, similar_terms=0, prf_docs=0, concept_similar=0, dense_weight=0.5,
+    base = Ranking(opener_boost=0.0, assoc_terms=0, similar_terms=0, prf_docs=0, dense_weight=0.5,
                    kind_dense_weight=0.5)
     for q, when in (("When did Ann move to Paris?", True), ("Why did Ann move to Paris?", False),
                     ("When did Ann visit both cities?", True)):  # asking when beats asking for kinds ("both")
@@ -765,7 +731,7 @@ def test_feedback_from_the_best_turns_widens_the_query():
     first = [("Ann", "My pottery class made a glazed bowl."), ("Bob", "Nice."), ("Ann", "I bought a new lamp.")]
     later = [("Ann", "The glazed bowl cracked in the kiln."), ("Bob", "Oh no."), ("Ann", "Cold weather today.")]
     state = _index([(MAY_8, first), (MAY_8 + 30 * DAY_MS, later)])
-    r = Ranking(opener_boost=0.0, assoc_terms=0, similar_terms=0, concept_similar=0, prf_docs=1, prf_terms=4,
+    r = Ranking(opener_boost=0.0, assoc_terms=0, similar_terms=0, prf_docs=1, prf_terms=4,
                 prf_weight=0.5)
     q = "What pottery did Ann make?"
     wide, plain = state.rank(q, None, "", r), state.rank(q, None, "", replace(r, prf_docs=0))

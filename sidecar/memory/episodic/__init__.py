@@ -10,9 +10,7 @@ unchanged (EpisodicSource._save / _restore). Never searched across users.
 
 Ranking (no model at run time, see bench/recall.py for what each part adds): BM25 of the turn plus
 its same-session neighbours with decaying weights (a fact is often spread over question and answer),
-plus BM25 of the query's category words expanded through a small hand-written concept list ("pets"
--> dog, cat, turtle...) and the user's words nearest each concept's centroid in the static word vectors
-("activities" -> jogging), of the best turns' terms that other turns say too (pseudo-relevance
+plus BM25 of the best turns' terms that other turns say too (pseudo-relevance
 feedback), of the terms the user says most with the query's terms (pointwise mutual
 information over their own turns) and of the user's terms nearest the query's in the static word
 vectors ("married" -> husband, wife), fused with the dense cosine (of the turn, and of the turn
@@ -35,7 +33,7 @@ Modules:
   ranking    the knobs (Ranking), DEFAULT_RANKING and MODEL_RANKING
   terms      words, the stemmer, question words, the speakers' names pattern
   dates      months, years and days a query names; a turn's date label; day header items
-  expansion  concepts and their kin, similar words, co-occurrence, pseudo-relevance feedback
+  expansion  similar words, co-occurrence, pseudo-relevance feedback
   lexical    BM25 of a turn's same-session window
   priors     speaker, role, date, voice, proper-noun and opener multipliers
   scoring    rank(): lexical + expansions fused with the dense cosine, times the priors
@@ -48,13 +46,7 @@ Modules:
 The experiments behind the defaults are in docs/episodic-tuning-history.md."""
 
 from sidecar.memory.episodic.dates import date_label, day_number, query_dates, query_days, render_turn
-from sidecar.memory.episodic.expansion import (
-    CONCEPTS,
-    concept_rows,
-    precompute_similar,
-    similar_rows,
-    table_stems,
-)
+from sidecar.memory.episodic.expansion import precompute_similar, similar_rows, table_stems
 from sidecar.memory.episodic.index import INDEXED_ROLES
 from sidecar.memory.episodic.priors import capitalised, voice
 from sidecar.memory.episodic.ranking import DEFAULT_RANKING, MODEL_RANKING, Ranking
@@ -70,10 +62,10 @@ from sidecar.memory.episodic.source import MAX_TOTAL_TURNS, MAX_TURNS_PER_USER, 
 from sidecar.memory.episodic.terms import QUESTION_WORDS, names_pattern, stem, terms
 
 __all__ = [
-    "CLEAN_MARK", "CONCEPTS", "DEFAULT_RANKING", "INDEXED_ROLES", "MAX_SNAPSHOT_BYTES", "MAX_TOTAL_TURNS",
+    "CLEAN_MARK", "DEFAULT_RANKING", "INDEXED_ROLES", "MAX_SNAPSHOT_BYTES", "MAX_TOTAL_TURNS",
     "MAX_TURNS_PER_USER",
     "MAX_USERS", "MODEL_RANKING", "QUESTION_WORDS", "SAVE_AT_CLOSE_S", "SNAPSHOT_VERSION", "EpisodicSource",
-    "Ranking", "asks_for_kinds", "asks_when", "capitalised", "concept_rows", "date_label", "day_number",
+    "Ranking", "asks_for_kinds", "asks_when", "capitalised", "date_label", "day_number",
     "names_pattern", "precompute_similar", "query_dates", "query_days", "render_turn", "similar_rows",
     "snapshot_dir", "stem", "table_stems", "terms", "voice",
 ]

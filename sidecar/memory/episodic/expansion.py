@@ -1,9 +1,8 @@
-"""Everything that widens a query beyond its own terms: the hand-written CONCEPTS list ("pets" ->
-dog, cat, turtle...) and its kin in the static word vectors, the user's words nearest the query's
-terms (similar words), the terms the user says most with the query's (co-occurrence, PMI over
-their own turns) and pseudo-relevance feedback from the best turns.
+"""Everything that widens a query beyond its own terms: the user's words nearest the query's terms in
+the static word vectors (similar words), the terms the user says most with the query's
+(co-occurrence, PMI over their own turns) and pseudo-relevance feedback from the best turns.
 
-The module-level tables (_stem_vectors, _SIMILAR, concept_rows) are shared by every user; the
+The module-level tables (_stem_vectors, _SIMILAR) are shared by every user; the
 per-user parts are QueryExpansion's methods, mixed into _UserIndex (index.py), whose vocabulary,
 postings and term arrays they read."""
 
@@ -17,76 +16,10 @@ import numpy as np
 
 import fastpath
 from sidecar.index.word_vectors import default_vectors
-from sidecar.memory.episodic.terms import QUESTION_WORDS, stem, terms
+from sidecar.memory.episodic.terms import QUESTION_WORDS, stem
 
 if TYPE_CHECKING:
     from sidecar.memory.episodic.ranking import Ranking
-
-
-# General-English category words and what they usually stand for in a conversation, so a question
-# about "pets" or "activities" also finds the turn that says "turtle" or "camping". Hand-written
-# world knowledge (no model); added to the query with Ranking.concept_weight.
-_CONCEPTS = {
-    "pet": "dog dogs cat cats puppy kitten turtle turtles fish hamster rabbit bird parrot snake guinea",
-    "animal": "dog cat turtle bird horse fish rabbit",
-    "activity": "hiking camping swimming painting running yoga dancing cooking baking biking reading "
-                "gardening surfing skiing climbing pottery volunteering walking fishing travel",
-    "hobby": "painting reading writing hiking camping cooking baking gardening photography music guitar "
-             "piano dancing pottery knitting gaming drawing",
-    "interest": "hobby love enjoy passion favorite",
-    "sport": "football soccer basketball baseball tennis golf hockey volleyball swimming running "
-             "surfing skiing boxing kickboxing karate taekwondo yoga",
-    "exercise": "running yoga gym workout swimming cycling biking hiking kickboxing lifting pilates training",
-    "instrument": "guitar piano violin drums flute saxophone cello ukulele clarinet trumpet",
-    "music": "song songs band concert guitar piano album singing",
-    "band": "concert music singer album festival",
-    "family": "kids children son daughter husband wife mom dad mother father brother sister parents "
-              "grandma grandpa aunt uncle cousin fam",
-    "kid": "son daughter children child kids",
-    "child": "son daughter kids kid",
-    "relationship": "boyfriend girlfriend partner husband wife married single dating divorce breakup",
-    "job": "work career company office boss position hired interview",
-    "career": "job work profession degree field",
-    "food": "pizza pasta cake cookies bread salad soup dessert recipe dish meal",
-    "dessert": "cake cookies pie ice cream chocolate brownies tart pudding mousse cupcakes",
-    "recipe": "cook cooking bake baking dish made",
-    "book": "novel novels read reading author books series",
-    "author": "book novel writer wrote read",
-    "writing": "write wrote screenplay script book novel poem poetry blog story journal article",
-    "art": "painting paintings drawing sculpture pottery mural canvas",
-    "travel": "trip vacation visited flew abroad country city beach",
-    "trip": "vacation travel visited traveled road",
-    "vacation": "trip travel visited beach holiday",
-    "place": "city country town beach park",
-    "location": "city country state town place visited",
-    "country": "france spain italy germany japan china mexico canada england brazil",
-    "state": "california texas florida york washington oregon colorado arizona carolina tennessee",
-    "city": "paris london rome tokyo york boston chicago seattle",
-    "event": "party festival concert parade conference wedding fundraiser competition",
-    "volunteer": "shelter charity donate donated fundraiser",
-    "cause": "charity fundraiser donate awareness volunteer support",
-    "friend": "friends buddy buddies pal",
-    "game": "games tournament play played board video",
-    "item": "bought purchased got new",
-    "outdoor": "hiking camping beach park trail mountains lake",
-    "movie": "movies film films watched cinema",
-    "film": "movie movies watched cinema",
-    "show": "series watch watched episode season",
-    "series": "show watch watched episode season books",
-    "symbol": "flag necklace tattoo rainbow",
-    "martial": "karate taekwondo kickboxing judo boxing",
-    "religious": "church faith god pray",
-    "political": "rights vote election conservative liberal",
-    "allergy": "allergic allergies",
-    "stress": "relax calm therapy escape peace",
-    "injury": "hurt injured broke sprained pain",
-    "school": "class college university course degree study student",
-    "education": "school class college university course degree study",
-}
-
-
-CONCEPTS = {stem(k): tuple(dict.fromkeys(t for w in v.split() for t in terms(w) if t != stem(k)))
-            for k, v in _CONCEPTS.items()}
 
 
 @lru_cache(maxsize=1)
@@ -136,24 +69,9 @@ def _fill_similar(stems: list[str], min_cosine: float, stop: Callable[[], bool] 
 
 
 def table_stems(rows: np.ndarray) -> tuple[str, ...]:
-    """The stems of these table rows (similar_rows, concept_rows), in order."""
+    """The stems of these table rows (similar_rows), in order."""
     keys = _stem_vectors()[1]
     return tuple(keys[i] for i in rows.tolist())
-
-
-@lru_cache(maxsize=1024)  # keys: the CONCEPTS entries (~60) per concept_min in use
-def concept_rows(concept: str, min_cosine: float) -> np.ndarray:
-    """The table rows of the stems whose static word vectors have a cosine of at least min_cosine with
-    the centroid of `concept` and its CONCEPTS words, nearest first: the hand-written list's kin."""
-    index, _, mat = _stem_vectors()
-    seeds = [index[t] for t in (concept, *CONCEPTS.get(concept, ())) if t in index]
-    if not seeds:
-        return _NO_ROWS
-    centre = mat[seeds].mean(axis=0)
-    centre /= max(float(np.linalg.norm(centre)), 1e-9)
-    sims = mat @ centre
-    hits = np.flatnonzero(sims >= min_cosine)
-    return hits[np.argsort(-sims[hits], kind="stable")]
 
 
 class QueryExpansion:
@@ -168,17 +86,6 @@ class QueryExpansion:
         for rows in similar_rows(asked, r.similar_min):
             out.update(dict.fromkeys(self._first_said(rows, r.similar_terms, exclude)))
         return list(out)
-
-    def concept_kin(self, query_terms: Sequence[str], exclude: set[str], r: Ranking) -> list[str]:
-        """Per query term with a CONCEPTS entry, up to concept_similar terms of this user nearest the
-        concept's centroid (concept_rows), nearest first; those in `exclude` left out."""
-        out: list[str] = []
-        for q in dict.fromkeys(query_terms):
-            if q in CONCEPTS:
-                kin = self._first_said(concept_rows(q, r.concept_min), r.concept_similar, exclude)
-                out += kin
-                exclude.update(kin)
-        return out
 
     def _first_said(self, rows: np.ndarray, k: int, exclude: set[str]) -> list[str]:
         """The first k stems of these table rows that this user says, those in `exclude` left out (a

@@ -341,7 +341,7 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
         self._turn_prior(ranking)
         self._window_norm(_decay(ranking.prev_decay, ranking.next_decay, ranking.neighbours, self.window), ranking.b)
         self._neighbour_rows()
-        if ranking.similar_terms > 0 or ranking.concept_similar > 0:
+        if ranking.similar_terms > 0:
             self._said()
 
     def _postings_frozen(self) -> dict[str, np.ndarray | str]:

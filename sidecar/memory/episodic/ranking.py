@@ -41,9 +41,6 @@ class Ranking:
     stem: bool = True  # stem terms (terms.stem); off: the words as written
     date_headers: bool = True  # one "[8 May 2023]" item per day instead of the date on every turn
     # Query expansion (expansion.py).
-    concept_weight: float = 0.4  # share of the CONCEPTS expansion of the query's category words
-    concept_similar: int = 20  # per category word, the user's terms nearest its CONCEPTS centroid added
-    concept_min: float = 0.45  # ... whose cosine with that centroid is at least this
     prf_docs: int = 10  # pseudo-relevance feedback: top turns whose strongest terms expand the query
     prf_terms: int = 8  # ... how many of their terms
     prf_weight: float = 0.1  # ... their share
@@ -90,7 +87,7 @@ DEFAULT_RANKING = Ranking()
 MODEL_RANKING = replace(DEFAULT_RANKING, dense_weight=0.55, kind_dense_weight=0.6, when_dense_weight=0.25,
                         prev_decay=0.7, next_decay=0.7, self_boost=0.0, other_penalty=0.0, dense_neighbours=False,
                         embed_context=1, context_mix=0.5, dense_query_names=False, assoc_weight=0.15, b=1.0,
-                        prf_docs=10, prf_weight=0.05, concept_similar=0)
+                        prf_docs=10, prf_weight=0.05)
 
 
 def _index_knobs(r: Ranking) -> tuple[int, bool, int, int, float, bool]:

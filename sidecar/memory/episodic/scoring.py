@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import fastpath
-from sidecar.memory.episodic.expansion import CONCEPTS
 from sidecar.memory.episodic.lexical import _decay
 from sidecar.memory.episodic.terms import QUESTION_WORDS, stem, terms
 
@@ -68,15 +67,11 @@ class Fusion:
         w = self.window
         decay = _decay(r.prev_decay, r.next_decay, r.neighbours, w)
         q_terms, names = self.query_terms(query, r)
-        # The query's terms, their concept words and the terms said with them: window counts in one pass.
-        have = set(q_terms)
-        wider = [t for q in q_terms for t in CONCEPTS.get(q, ()) if t not in have] if r.concept_weight > 0 else []
-        if r.concept_similar > 0 and r.concept_weight > 0:
-            wider += self.concept_kin(q_terms, {*have, *wider, *names}, r)
+        # The query's terms, the terms said with them and their similar words: window counts in one pass.
         assoc = self.associated(q_terms, names, r) if r.assoc_terms > 0 and r.assoc_weight > 0 else []
         similar = self.similar(q_terms, names, r) if r.similar_terms > 0 and r.similar_weight > 0 else []
-        win, wider_win, assoc_win, similar_win = self.window_bm25_groups(
-            [q_terms if r.window_doc > 0 else [], wider, assoc, similar], decay, r.k1, r.b)
+        win, assoc_win, similar_win = self.window_bm25_groups(
+            [q_terms if r.window_doc > 0 else [], assoc, similar], decay, r.k1, r.b)
         if r.window_doc >= 1.0:
             lex = win
         else:
@@ -110,7 +105,7 @@ class Fusion:
         mult = self._query_prior(query, r, relative)
         if exclude_session and exclude_session in self.session_rows:
             mult[self.session_rows[exclude_session]] = 0.0
-        for extra, weight in ((wider_win, r.concept_weight), (assoc_win, r.assoc_weight), (similar_win, r.similar_weight)):
+        for extra, weight in ((assoc_win, r.assoc_weight), (similar_win, r.similar_weight)):
             etop = float(extra.max()) if n else 0.0
             if etop > 0:
                 score = score + weight * extra / etop

@@ -29,7 +29,7 @@ from sidecar.index.embedders import Embedder
 from sidecar.index.word_vectors import StaticEmbedder
 from sidecar.memory.episodic.cache import _RankedCache
 from sidecar.memory.episodic.dates import date_label, query_days
-from sidecar.memory.episodic.expansion import CONCEPTS, _stem_vectors, concept_rows, precompute_similar
+from sidecar.memory.episodic.expansion import _stem_vectors, precompute_similar
 from sidecar.memory.episodic.index import INDEXED_ROLES, _pick, _UserIndex
 from sidecar.memory.episodic.passages import best_passage, passage_cap, pieces
 from sidecar.memory.episodic.ranking import DEFAULT_RANKING, MODEL_RANKING, Ranking, _index_knobs
@@ -112,16 +112,11 @@ class EpisodicSource:
         self.superseded_turns: Callable[[Scope], dict[str, SupersededTurn]] | None = None
 
     def warm_up(self) -> None:
-        """Build the per-stem word vectors (~0.3 s), the concepts' kin and every stem's similar stems
-        (~1 s) at start-up rather than in the first queries."""
+        """Build the per-stem word vectors (~0.3 s) and every stem's similar stems (~1 s) at start-up
+        rather than in the first queries."""
         r = self.ranking
-        if r.similar_terms > 0 or r.concept_similar > 0:
+        if r.similar_terms > 0:
             _stem_vectors()
-        if r.concept_similar > 0:
-            for concept in CONCEPTS:
-                if self._closing.is_set():
-                    return
-                concept_rows(concept, r.concept_min)
         if r.similar_terms > 0 and r.similar_weight > 0:
             precompute_similar(r.similar_min, self._closing.is_set)
 
