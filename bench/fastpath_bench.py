@@ -152,7 +152,7 @@ def numpy_hybrid_top_k(rows, weights, dense_rows, vectors, query, prior, alive, 
 
 def make_window(rng: np.random.Generator, n: int = 660, w: int = 8) -> tuple:
     """A LoCoMo user's episodic index, as the ranker hands it to window_bm25: n turns in sessions of
-    20, each with its 4 previous and 4 next turns as neighbours; 20 terms (query, concept and
+    20, each with its 4 previous and 4 next turns as neighbours; 20 terms (query, similar and
     associated words) with postings on 1-10 % of the turns; three groups."""
     pos = np.arange(n) % 20
     offsets = np.r_[np.arange(-w // 2, 0), np.arange(1, w // 2 + 1)]
