@@ -14,8 +14,7 @@ plus BM25 of the best turns' terms that other turns say too (pseudo-relevance
 feedback), of the terms the user says most with the query's terms (pointwise mutual
 information over their own turns) and of the user's terms nearest the query's in the static word
 vectors ("married" -> husband, wife), fused with the dense cosine (of the turn, and of the turn
-embedded with its previous one: an answer carries its question; weighing more for a question asking
-for kinds of things, "What activities..."), times a boost for turns spoken by
+embedded with its previous one: an answer carries its question), times a boost for turns spoken by
 a person the query names, for turns of a session in the month the query names or told on (or within
 a week after) a day it names ("on 9 November, 2022"), and for a session's first turns (a session
 opens with the news since the last one), for a turn in the first person ("I", "my": it tells of its
@@ -25,7 +24,8 @@ go) and a dropped final "e" ("hike"/"hiking"). Packed turns read "Ann: text"; th
 "[8 May 2023]" item per day, packed ahead of that day's turns. Among the packed turns, a newer
 telling of the same thing (same speaker, most of the older one's query terms said again) scores just
 above the older one (updates.py). With a model embedder (MODEL_RANKING)
-its cosine weighs more (but for a question asking when) and the query is embedded without the speakers'
+its cosine weighs more (more still for a question asking for kinds of things, "What activities...";
+less for one asking when) and the query is embedded without the speakers'
 names. A question's ranking is kept while the user's turns are the same (_RankedCache): the same
 question again (an agent's tool loop, another budget) only cuts it to its budget.
 
