@@ -380,6 +380,13 @@ def test_stemming():
     assert stem("went") == stem("going") == stem("go") and stem("kids") == stem("kid")
     assert stem("adoption") == stem("adopted") == "adopt" and stem("discussion") == "discuss"
     assert stem("onion") == "onion" and stem("region") == "region"
+    # An inflection comes off first and what is left is stemmed again: the inflected form meets its word.
+    assert stem("vacationed") == stem("vacation") == stem("vacations")
+    assert stem("weddings") == stem("wedding") and stem("paintings") == stem("painting") == stem("paint")
+    assert stem("mentioned") == stem("mention") and stem("feelings") == stem("feel")
+    # A word ending in "ss" or "us" has no plural "s" to lose.
+    assert stem("dress") == stem("dressed") == stem("dresses") == "dress"
+    assert stem("class") == stem("classes") == "class" and stem("campus") == "campus"
     assert stem("mentorship") == stem("mentoring") == "mentor" and stem("artist") == stem("art")
     assert stem("free") == "free"
     # "-eer" is no agent "-er": "career" is not "car", and "volunteering" meets "volunteer".

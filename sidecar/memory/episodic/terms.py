@@ -36,21 +36,36 @@ _IRREGULAR = {
 _STEM_E = True  # drop a final "e" after the rules: "hike"/"hiking", "dance"/"dancer" meet
 
 
+_INFLECTIONS = frozenset(("s", "es", "ed", "ing", "ies", "ied"))
+
+
 @lru_cache(maxsize=1 << 16)  # a user's words repeat: turns at ingest, questions and names per call
 def stem(word: str) -> str:
-    """A compact English stemmer: "painting"/"painted"/"paints" -> "paint", "hobbies" -> "hobby",
-    "hike"/"hiking"/"hiked" -> "hik", "went" -> "go"."""
+    """A compact English stemmer: "painting"/"painted"/"paints"/"paintings" -> "paint", "hobbies" ->
+    "hobby", "hike"/"hiking"/"hiked" -> "hik", "went" -> "go". A word's inflection comes off first and
+    its stem is stemmed again, so "vacationed" meets "vacation" and "weddings" meets "wedding"."""
     word = _IRREGULAR.get(word, word)
     if len(word) <= 3 or not word.isascii() or word.isdigit():
         return word
     if word.endswith("'s"):
         word = word[:-2]
-    out = word
+    out, suffix = _strip_suffix(word)
+    if suffix in _INFLECTIONS:
+        out = _strip_suffix(out)[0]
+    if _STEM_E and len(out) > 3 and out.endswith("e") and not out.endswith("ee"):
+        out = out[:-1]
+    return out
+
+
+def _strip_suffix(word: str) -> tuple[str, str]:
+    """(the word without the first of _RULES' suffixes that applies, that suffix; "" when none does)."""
     for suffix, repl, min_len in _RULES:
         if word.endswith(suffix) and len(word) - len(suffix) >= min_len:
             base = word[: -len(suffix)]
             if not _VOWEL_RE.search(base):
                 continue
+            if suffix == "s" and base.endswith(("s", "u")):
+                continue  # "dress", "campus": no plural's "s"
             if suffix in ("ion", "ions") and not base.endswith(("t", "s")):
                 continue  # "adoption" -> "adopt", "discussion" -> "discuss"; not "onion", "region"
             if suffix == "ly" and base.endswith("i"):
@@ -61,11 +76,8 @@ def stem(word: str) -> str:
                 base = word[:-1]  # "games" -> "game", "wishes" -> "wish"
             if suffix in ("ing", "ed", "er", "ers") and len(base) > 3 and base[-1] == base[-2] and base[-1] in _DOUBLE:
                 base = base[:-1]  # "running" -> "run"
-            out = base + repl
-            break
-    if _STEM_E and len(out) > 3 and out.endswith("e") and not out.endswith("ee"):
-        out = out[:-1]
-    return out
+            return base + repl, suffix
+    return word, ""
 
 
 # Words of how a question is asked, not of what it is about.
