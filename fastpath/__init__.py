@@ -2,7 +2,7 @@
 
 One extension module per concern, each with a reference twin of the same name in fastpath.reference:
 _selection (fuse_scores, ranking_order, dedup, greedy_pack, select, arrange), _textkeys (tokenize,
-fnv1a64, text_keys, hash_embed, WordTable, word_vector_sums), _wire (encode_item, encode_section,
+fnv1a64, text_keys, hash_embed, WordTable, word_vector_sums, word_terms, has_token_run), _wire (encode_item, encode_section,
 encode_dropped), _ranking (overlap_counts, best_matches, fused_top_k, hybrid_top_k, window_bm25,
 cooccurring_terms, feedback_terms, newer_first) and _int8 (int8_dot); _common holds their shared
 input validation.
@@ -37,7 +37,16 @@ try:
         ranking_order,
         select,
     )
-    from fastpath._textkeys import WordTable, fnv1a64, hash_embed, text_keys, tokenize, word_vector_sums
+    from fastpath._textkeys import (
+        WordTable,
+        fnv1a64,
+        has_token_run,
+        hash_embed,
+        text_keys,
+        tokenize,
+        word_terms,
+        word_vector_sums,
+    )
     from fastpath._wire import encode_dropped, encode_item, encode_section
 except ImportError as exc:  # pragma: no cover - exercised only on a broken install
     raise ImportError(
@@ -67,6 +76,7 @@ __all__ = [
     "fuse_scores",
     "fused_top_k",
     "greedy_pack",
+    "has_token_run",
     "hash_embed",
     "hybrid_top_k",
     "int8_dot",
@@ -78,5 +88,6 @@ __all__ = [
     "text_keys",
     "tokenize",
     "window_bm25",
+    "word_terms",
     "word_vector_sums",
 ]

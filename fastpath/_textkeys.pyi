@@ -1,5 +1,5 @@
 # Type stub of the compiled fastpath._textkeys (Cython); semantics in fastpath.reference.textkeys.
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -15,3 +15,5 @@ class WordTable:
 
 def word_vector_sums(texts: Sequence[str], table: WordTable, weighted: npt.NDArray[np.float32]
                      ) -> npt.NDArray[np.float32]: ...
+def word_terms(text: str, cache: dict[str, str], miss: Callable[[str], str]) -> list[str]: ...
+def has_token_run(text: str, length: int) -> bool: ...

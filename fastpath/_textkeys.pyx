@@ -462,3 +462,71 @@ def word_vector_sums(texts, WordTable table not None, weighted):
     finally:
         _release(&tb)
     return out
+
+
+cdef inline bint _is_term_cjk(uint32_t c) noexcept nogil:
+    return (0x3040 <= c <= 0x30FF) or (0x3400 <= c <= 0x4DBF) or (0x4E00 <= c <= 0x9FFF) or (0xF900 <= c <= 0xFAFF)
+
+
+cdef inline bint _is_az09(uint32_t c) noexcept nogil:
+    return (c - 97 < 26) or (c - 48 < 10)
+
+
+def word_terms(text, dict cache not None, miss):
+    """The truthy cache[w] of each word w of the lowercased text, in order; a word not in the cache is
+    put there as miss(w) first (a str)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    cdef unicode low = text.lower()
+    cdef Py_ssize_t n = len(low), i = 0, s
+    cdef Py_UCS4 c
+    cdef list out = []
+    cdef object word, term
+    while i < n:
+        c = low[i]
+        s = i
+        if _is_az09(c):
+            i += 1
+            while i < n and _is_az09(low[i]):
+                i += 1
+            if i + 1 < n and low[i] == 39 and _is_az(low[i + 1]):  # 39: "'"
+                i += 2
+                while i < n and _is_az(low[i]):
+                    i += 1
+        elif _is_term_cjk(c):
+            i += 1
+        else:
+            i += 1
+            continue
+        word = low[s:i]
+        term = cache.get(word)
+        if term is None:
+            term = miss(word)
+            if not isinstance(term, str):
+                raise TypeError(f"miss({word!r}) must return a str, got {type(term).__name__}")
+            cache[word] = term
+        if term:
+            out.append(term)
+    return out
+
+
+cdef inline bint _is_token_char(uint32_t c) noexcept nogil:
+    return (c - 97 < 26) or (c - 65 < 26) or (c - 48 < 10) or c == 43 or c == 47 or c == 95 or c == 45  # + / _ -
+
+
+def has_token_run(text, Py_ssize_t length):
+    """Whether `text` holds `length` consecutive characters of [A-Za-z0-9+/_-]."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    cdef unicode t = text
+    cdef Py_ssize_t n = len(t), i, run = 0
+    if length <= 0:
+        return True
+    for i in range(n):
+        if _is_token_char(t[i]):
+            run += 1
+            if run >= length:
+                return True
+        else:
+            run = 0
+    return False

@@ -11,7 +11,7 @@ import re._constants as _c  # sre's parse-tree opcodes
 import re._parser as _parser
 from collections.abc import Iterator
 
-from sidecar.literal_gate import folded, necessary_literals
+from sidecar.literal_gate import can_match_ascii, folded, necessary_literal_sets, passes
 
 
 class CaselessPattern:
@@ -24,10 +24,12 @@ class CaselessPattern:
             raise ValueError(f"pattern holds letters lowered text may not match: {cased[:5]}")
         self.rx = rx
         self._cased = re.compile(rx.pattern, rx.flags & ~re.IGNORECASE)
-        # found() asks each top-level alternative behind its literal gate: re tries every alternative at
+        # found() asks each top-level alternative behind its literal gates: re tries every alternative at
         # every position, so a long text most alternatives' literals are absent from is read far faster.
-        self._gated = [(necessary_literals(re.compile(a, rx.flags)), re.compile(a, rx.flags),
+        # An ASCII text (most) is asked only the alternatives an ASCII text can match.
+        self._gated = [(necessary_literal_sets(re.compile(a, rx.flags)), re.compile(a, rx.flags),
                         re.compile(a, rx.flags & ~re.IGNORECASE)) for a in alternatives(rx)]
+        self._gated_ascii = [(gates, cased) for gates, _, cased in self._gated if can_match_ascii(gates)]
 
     def finditer(self, text: str) -> Iterator[re.Match[str]]:
         """rx.finditer(text); on ASCII text the matches are of the lowered text (same positions)."""
@@ -35,10 +37,11 @@ class CaselessPattern:
 
     def found(self, text: str) -> bool:
         """Whether rx.search(text) finds a match."""
-        ascii_, low = text.isascii(), folded(text)  # on ASCII text, also what the cased alternatives read
-        return any((gate is None or any(lit in low for lit in gate))
-                   and (cased.search(low) if ascii_ else folding.search(text)) is not None
-                   for gate, folding, cased in self._gated)
+        if text.isascii():  # the cased alternatives read the lowered text
+            low = text.lower()
+            return any(passes(gates, low) and cased.search(low) is not None for gates, cased in self._gated_ascii)
+        low = folded(text)
+        return any(passes(gates, low) and folding.search(text) is not None for gates, folding, _ in self._gated)
 
 
 def alternatives(rx: re.Pattern[str]) -> list[str]:

@@ -51,6 +51,15 @@ def _literal(run: list[int], icase: bool) -> frozenset[str]:
 
 def _needs(items, icase: bool) -> frozenset[str] | None:
     """What a sequence of parsed items needs: any one of its mandatory parts' needs, the rarest."""
+    best: frozenset[str] | None = None
+    for f in _parts(items, icase):
+        if _better(f, best):
+            best = f
+    return best
+
+
+def _parts(items, icase: bool) -> list[frozenset[str]]:
+    """What each mandatory part of a sequence of parsed items needs (those a need can be read off)."""
     found: list[frozenset[str] | None] = []
     run: list[int] = []  # consecutive literal characters (zero-width items do not break a run)
     for op, av in items:
@@ -75,11 +84,37 @@ def _needs(items, icase: bool) -> frozenset[str] | None:
             found.append(_needs(av[2], icase))
     if run:
         found.append(_literal(run, icase))
-    best: frozenset[str] | None = None
-    for f in found:
-        if f is not None and _better(f, best):
-            best = f
-    return best
+    return [f for f in found if f is not None]
+
+
+def necessary_literal_sets(rx: re.Pattern[str], most: int = 3) -> tuple[frozenset[str], ...]:
+    r"""Sets of strings such that every match of `rx` contains one of each set (lowered for an
+    IGNORECASE pattern): the needs of up to `most` of its mandatory parts, the rarest first. Asking for
+    all of them rules out more texts than the rarest alone ("the" and "fix" and "was", not only "the",
+    for r"the\s+fix\s+was"). Empty when none can be read off."""
+    icase = bool(rx.flags & re.IGNORECASE)
+    try:
+        parts = _parts(_parser.parse(rx.pattern, rx.flags), icase)
+    except _NoGate:
+        return ()
+    parts.sort(key=lambda f: (-min(map(len, f)), len(f)))  # rarer first: a longer shortest literal, fewer
+    return tuple(dict.fromkeys(parts))[:most]
+
+
+def passes(gates: tuple[frozenset[str], ...], text: str) -> bool:
+    """Whether `text` holds a literal of every gate (an IGNORECASE pattern's gates read folded text)."""
+    for gate in gates:
+        for lit in gate:
+            if lit in text:
+                break
+        else:
+            return False
+    return True
+
+
+def can_match_ascii(gates: tuple[frozenset[str], ...]) -> bool:
+    """False when a gate's literals are all non-ASCII: no ASCII text (nor its lowering) holds one."""
+    return all(any(lit.isascii() for lit in gate) for gate in gates)
 
 
 def folded(text: str) -> str:
@@ -89,19 +124,20 @@ def folded(text: str) -> str:
 
 
 class GatedPattern:
-    """`rx` with its literal gate: search() answers as rx.search() does."""
+    """`rx` with its literal gates: search() answers as rx.search() does."""
 
     def __init__(self, rx: re.Pattern[str]) -> None:
         self.rx = rx
         self.literals = necessary_literals(rx)
+        self.gates = necessary_literal_sets(rx)
+        self.ascii_ok = can_match_ascii(self.gates)  # may an ASCII text match at all
         self._icase = bool(rx.flags & re.IGNORECASE)
 
-    def may_match(self, text: str) -> bool:
-        if self.literals is None:
-            return True
+    def may_match(self, text: str, low: str | None = None) -> bool:
+        """Whether `text` passes the gates; `low` is folded(text) where the caller has it."""
         if self._icase:
-            text = folded(text)
-        return any(lit in text for lit in self.literals)
+            text = folded(text) if low is None else low
+        return passes(self.gates, text)
 
-    def search(self, text: str) -> re.Match[str] | None:
-        return self.rx.search(text) if self.may_match(text) else None
+    def search(self, text: str, low: str | None = None) -> re.Match[str] | None:
+        return self.rx.search(text) if self.may_match(text, low) else None

@@ -46,6 +46,8 @@ from typing import NamedTuple
 from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
 from detect_secrets.plugins.base import BasePlugin
 
+import fastpath
+
 
 @dataclass(frozen=True)
 class SecretSpan:
@@ -277,8 +279,10 @@ def _value_ok(rule: _Rule, text: str, m: re.Match[str], end: int, value: str, qu
 
 # "=" only as base64 padding, so "name=value" is split and the name is not flagged. Runs of hex
 # digits only (request ids, SHAs: most long tokens of a log) are passed over here, not in Python.
+_ENTROPY_MIN_RUN = 20
 _ENTROPY_TOKEN_RE = re.compile(
-    r"(?<![A-Za-z0-9+/_-])(?!(?:[0-9a-f]+|[0-9A-F]+)(?![A-Za-z0-9+/_-]))[A-Za-z0-9+/_-]{20,}={0,2}(?![A-Za-z0-9+/_-])"
+    r"(?<![A-Za-z0-9+/_-])(?!(?:[0-9a-f]+|[0-9A-F]+)(?![A-Za-z0-9+/_-]))[A-Za-z0-9+/_-]{"
+    + str(_ENTROPY_MIN_RUN) + r",}={0,2}(?![A-Za-z0-9+/_-])"
 )
 _UUID_RE = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _HEX_RE = re.compile(r"[0-9a-f]+|[0-9A-F]+")
@@ -345,6 +349,8 @@ def _entropy_spans(hay: _Hay, found: list[SecretSpan]) -> Iterable[SecretSpan]:
     """Random-looking tokens outside the spans already found: a token glued to a found secret is
     judged without it, as it will read once that secret is masked (so masking twice finds nothing new)."""
     text = hay.text
+    if not fastpath.has_token_run(text, _ENTROPY_MIN_RUN):
+        return  # no token long enough (most prose): a scan in C instead of the pattern's at every word
     cuts = [(s.start, s.end) for s in found]  # sorted and merged
     urls: list[tuple[int, int]] | None = None
     i = 0  # the first cut that ends after the token's start
@@ -493,11 +499,18 @@ _NEEDLES = frozenset({n for r in _RULES if not r.folded for n in r.needles}.unio
 _NEEDLES_LOW = frozenset({n for r in _RULES if r.folded for n in r.needles}.union(*(p.needles_low for p in _PLUGINS)))
 
 
+# An ASCII text holds no needle that is not ASCII (most texts: those are looked for in the others only).
+_ASCII_NEEDLES = tuple(n for n in _NEEDLES if n.isascii())
+_ASCII_NEEDLES_LOW = tuple(n for n in _NEEDLES_LOW if n.isascii())
+
+
 def _hay(text: str) -> _Hay:
     low = text.lower()
     holes = tuple(m.span() for m in PLACEHOLDER_RE.finditer(text)) if "[secret:" in text else ()
-    return _Hay(text, low, len(low) == len(text), frozenset(n for n in _NEEDLES if n in text),
-                frozenset(n for n in _NEEDLES_LOW if n in low), holes)
+    ascii_ = text.isascii()
+    return _Hay(text, low, len(low) == len(text),
+                frozenset(filter(text.__contains__, _ASCII_NEEDLES if ascii_ else _NEEDLES)),
+                frozenset(filter(low.__contains__, _ASCII_NEEDLES_LOW if ascii_ else _NEEDLES_LOW)), holes)
 
 
 _LIBRARY_VALUE_RE = re.compile(r"[\s\"'=:]*([^\s\"']+)")

@@ -132,3 +132,59 @@ def test_word_vector_sums_of_the_shipped_table_are_the_rows_numpy_sums():
         found = [i for w in word.findall(text.lower()) if (i := vectors.index.get(w)) is not None]
         want = vectors.weighted[found].sum(axis=0) if found else np.zeros(vectors.dim, np.float32)
         assert same_floats(row, want)
+
+
+TERM_ALPHABET = st.one_of(st.sampled_from(list("abcXYZ019'' -_.\n中ひカ\u3400\uf900\U00020001İÉß")), st.characters(codec="utf-8"))
+
+
+@FAST
+@given(st.lists(st.text(TERM_ALPHABET, max_size=40), max_size=8))
+def test_word_terms_match_reference(texts):
+    def miss(word: str) -> str:  # every third word drops out, as a stopword does
+        return "" if len(word) % 3 == 0 else word[::-1]
+
+    fast_cache: dict[str, str] = {}
+    ref_cache: dict[str, str] = {}
+    for t in texts:
+        assert fastpath.word_terms(t, fast_cache, miss) == ref.word_terms(t, ref_cache, miss)
+    assert fast_cache == ref_cache
+
+
+def test_word_terms_read_the_lexical_index_words():
+    from sidecar.memory.episodic.terms import _WORD_RE
+
+    assert ref.textkeys._TERM_WORD_RE.pattern == _WORD_RE.pattern  # the index's own words
+
+
+@IMPLS
+def test_word_terms_rules(impl):
+    cache = {"known": "K"}
+    asked = []
+
+    def miss(word: str) -> str:
+        asked.append(word)
+        return "" if word == "the" else word.upper()
+
+    assert impl.word_terms("The known DON'T rock'n'roll x'1 中文 über", cache, miss) == [
+        "K", "DON'T", "ROCK'N", "ROLL", "X", "1", "中", "文", "BER"]
+    assert "known" not in asked and cache["the"] == ""
+    assert impl.word_terms("the THE", cache, miss) == [] and asked.count("the") == 1  # looked up once
+    with pytest.raises(TypeError, match="text must be str"):
+        impl.word_terms(b"bytes", {}, miss)
+    with pytest.raises(TypeError, match="must return a str"):
+        impl.word_terms("word", {}, lambda w: None)
+
+
+@FAST
+@given(st.text(st.sampled_from(list("aZ09+/_-=. \n:é")), max_size=60), st.integers(-1, 25))
+def test_has_token_run_matches_reference(text, length):
+    assert fastpath.has_token_run(text, length) == ref.has_token_run(text, length)
+
+
+@IMPLS
+def test_has_token_run_rules(impl):
+    token = "aB3+/_-" * 3  # 21 token characters
+    assert impl.has_token_run(token, 21) and not impl.has_token_run(token, 22)
+    assert not impl.has_token_run(token[:10] + " " + token[:10], 11)
+    assert not impl.has_token_run(token[:10] + "=" + token[:10], 11)  # "=" is padding, no token character
+    assert not impl.has_token_run("é" * 30, 1) and impl.has_token_run("", 0)

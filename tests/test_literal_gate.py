@@ -12,7 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar.compress import constraints
-from sidecar.literal_gate import _TO_ASCII, GatedPattern, necessary_literals
+from sidecar.literal_gate import (
+    _TO_ASCII,
+    GatedPattern,
+    can_match_ascii,
+    necessary_literal_sets,
+    necessary_literals,
+)
 from sidecar.memory import extract
 
 GUARDED = {
@@ -46,6 +52,25 @@ def test_the_letters_ignorecase_matches_outside_ascii_are_all_mapped():
 def test_literals_read_off_a_pattern(pattern, flags, literals):
     found = necessary_literals(re.compile(pattern, flags))
     assert (set(found) if found is not None else None) == literals
+
+
+@pytest.mark.parametrize(("pattern", "flags", "gates"), [
+    (r"\bthe\s+fix\s+was\b", re.I, [{"the"}, {"fix"}, {"was"}]),  # all three: "fix" rules out most texts
+    (r"\bi\s+(?:usually|always)\b", re.I, [{"usually", "always"}, {"i"}]),  # the rarer first
+    (r"(?:ab)?cd", 0, [{"cd"}]),
+    (r"a*|b", 0, []),
+    (r"\u00c9t\u00e9", re.I, []),
+    (r"我们(?:用|使用)\w+", 0, [{"我们"}, {"用", "使用"}]),
+])
+def test_literal_sets_read_off_a_pattern(pattern, flags, gates):
+    assert [set(g) for g in necessary_literal_sets(re.compile(pattern, flags))] == gates
+
+
+def test_a_pattern_needing_a_non_ascii_literal_cannot_match_ascii_text():
+    assert not can_match_ascii(necessary_literal_sets(re.compile(r"禁止\s*restart")))
+    assert can_match_ascii(necessary_literal_sets(re.compile(r"禁止|never", re.I)))
+    rule = GatedPattern(re.compile(r"不要|严禁"))
+    assert not rule.ascii_ok and rule.search("不要重启") and not rule.search("do not restart")
 
 
 @pytest.mark.parametrize("name", sorted(GUARDED))

@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from fastpath.reference._common import MASK64, _int, _texts
 
 __all__ = ["FNV_OFFSET", "FNV_PRIME", "WordTable", "tokenize", "fnv1a64", "text_keys", "hash_embed",
-           "word_vector_sums"]
+           "word_vector_sums", "word_terms", "has_token_run"]
 
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
@@ -181,3 +181,45 @@ def word_vector_sums(texts: Sequence[str], table: WordTable, weighted: np.ndarra
                 raise ValueError(f"the table's row {row} is outside weighted ({len(weighted)} rows)")
             out[k] += weighted[row]
     return out
+
+
+# word_terms: a text's words are the matches of _TERM_WORD_RE in the lowercased text (a run of ASCII
+# letters and digits with an optional "'" and letters after it, or one CJK character), in order.
+_TERM_WORD_RE = re.compile(r"[0-9a-z]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+def word_terms(text: str, cache: dict[str, str], miss: Callable[[str], str]) -> list[str]:
+    """The truthy cache[w] of each word w of the lowercased text, in order; a word not in the cache is
+    put there as miss(w) first (a str)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    if not isinstance(cache, dict):
+        raise TypeError(f"cache must be a dict, got {type(cache).__name__}")
+    out = []
+    for word in _TERM_WORD_RE.findall(text.lower()):
+        term = cache.get(word)
+        if term is None:
+            term = miss(word)
+            if not isinstance(term, str):
+                raise TypeError(f"miss({word!r}) must return a str, got {type(term).__name__}")
+            cache[word] = term
+        if term:
+            out.append(term)
+    return out
+
+
+_TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+/_-")
+
+
+def has_token_run(text: str, length: int) -> bool:
+    """Whether `text` holds `length` consecutive characters of [A-Za-z0-9+/_-]."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    run = 0
+    if length <= 0:
+        return True
+    for ch in text:
+        run = run + 1 if ch in _TOKEN_CHARS else 0
+        if run >= length:
+            return True
+    return False

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from sidecar.literal_gate import GatedPattern
+from sidecar.literal_gate import GatedPattern, folded
 from sidecar.memory.filters import normalize_for_dedup
 from sidecar.secrets import contains_secret, redact
 from sidecar.textmodel import split_sentences, word_tokens
@@ -108,13 +108,15 @@ _PERMISSION_RULES: list[re.Pattern[str]] = [
 _QUESTION_RE = re.compile(r"(?:[?？]|[吗呢么嘛][\s。.!！~～]*)$|^(?:why|how\s+come|为什么|为啥|怎么)", re.I)
 # Each rule behind the literals every match of it holds: most sentences hold none of any rule's.
 _GATED_RULES = [GatedPattern(rx) for rx in (*_CN_RULES, *_EN_RULES, *_PERMISSION_RULES)]
+_ASCII_RULES = [rule for rule in _GATED_RULES if rule.ascii_ok]  # those an ASCII sentence can match
 
 
 def _is_constraint(sentence: str) -> bool:
     if _QUESTION_RE.search(sentence):
         return False
     s = sentence.replace("\u2019", "'").replace("\uff07", "'")
-    return any(rule.search(s) for rule in _GATED_RULES)
+    low = folded(s)  # what every IGNORECASE rule's gates read
+    return any(rule.search(s, low) for rule in (_ASCII_RULES if s.isascii() else _GATED_RULES))
 
 
 def detect_constraints(text: str) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+import fastpath
 from sidecar.text import STOPWORDS
 
 _WORD_RE = re.compile(r"[0-9a-z]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
@@ -89,12 +90,18 @@ QUESTION_WORDS = frozenset(stem(w) for w in (
 
 def terms(text: str, *, stemmed: bool = True) -> list[str]:
     if stemmed:
-        return [t for w in _WORD_RE.findall(text.lower()) if (t := _stemmed_term(w))]
+        if len(_TERMS) > _TERMS_MAX:  # a bound on what hostile text can make it hold
+            _TERMS.clear()
+        return fastpath.word_terms(text, _TERMS, _stemmed_term)  # the words of _WORD_RE, each looked up once
     words = [w.split("'")[0] for w in _WORD_RE.findall(text.lower())]
     return [w for w in words if w and w not in STOPWORDS]
 
 
-@lru_cache(maxsize=1 << 16)
+# A word's stemmed term, by the word (fastpath.word_terms fills it from _stemmed_term).
+_TERMS: dict[str, str] = {}
+_TERMS_MAX = 1 << 16
+
+
 def _stemmed_term(word: str) -> str:
     """A matched word's stemmed term: "" for a stopword (what it says before an apostrophe)."""
     w = word.split("'")[0]
