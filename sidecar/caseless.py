@@ -35,6 +35,10 @@ class CaselessPattern:
         """rx.finditer(text); on ASCII text the matches are of the lowered text (same positions)."""
         return self._cased.finditer(text.lower()) if text.isascii() else self.rx.finditer(text)
 
+    def findall(self, text: str) -> list:
+        """rx.findall(text); on ASCII text the groups are of the lowered text."""
+        return self._cased.findall(text.lower()) if text.isascii() else self.rx.findall(text)
+
     def found(self, text: str) -> bool:
         """Whether rx.search(text) finds a match."""
         if text.isascii():  # the cased alternatives read the lowered text

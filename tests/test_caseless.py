@@ -28,8 +28,15 @@ def test_it_finds_what_the_pattern_finds_where_it_finds_it(text):
     for rx in PATTERNS:
         p = CaselessPattern(rx)
         assert p.found(text) == (rx.search(text) is not None)
+        assert [m.span() for m in p.finditer(text)] == [m.span() for m in rx.finditer(text)]  # so findall's groups
+        assert [_lowered(g) for g in p.findall(text)] == [_lowered(g) for g in rx.findall(text)]
         assert [m.span() for m in p.finditer(text)] == [m.span() for m in rx.finditer(text)]
         assert [m.lastindex for m in p.finditer(text)] == [m.lastindex for m in rx.finditer(text)]
+
+
+def _lowered(groups: str | tuple[str, ...]) -> tuple[str, ...]:
+    """findall's groups as a case-blind comparison sees them (on ASCII text they are the lowered text's)."""
+    return tuple(g.lower() for g in ((groups,) if isinstance(groups, str) else groups))
 
 
 @pytest.mark.parametrize("pattern", ["Foo", r"[A-Z]x", "k\u212a", "ſ", r"(?:bar|Baz)"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import mmap
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -186,10 +187,8 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
                 self.nbr[prev, w + k - 1] = row  # I am its k-th next turn
             self.position[row] = len(rows)
             rows.append(row)
-            counts: dict[str, int] = {}
             words = terms(m.text, stemmed=stemmed)
-            for t in words:
-                counts[t] = counts.get(t, 0) + 1
+            counts = Counter(words)  # in the order each term first occurs
             self.row_terms.append(tuple(counts))
             self.row_tfs.append(tuple(counts.values()))
             self.doc_len[row] = len(words)

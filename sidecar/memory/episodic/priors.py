@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,28 +27,27 @@ if TYPE_CHECKING:
 _PERSON_RE = re.compile(r"(?=[imouwy])\b(i|i'm|i've|i'd|i'll|me|my|mine|myself|we|we're|we've|us|our|ours"
                         r"|(you|your|you're|you've|you'd|you'll|yours|yourself))\b", re.I)
 _PERSON = CaselessPattern(_PERSON_RE)
+_SECOND = itemgetter(1)
 
 
 def voice(text: str) -> int:
     """+1 when a turn says more "I/my/we" than "you/your" (it tells of its speaker), -1 when more
     "you/your" (it tells of the listener), else 0."""
-    own = other = 0
-    for m in _PERSON.finditer(text):
-        if m.group(2):
-            other += 1
-        else:
-            own += 1
+    found = _PERSON.findall(text)  # (word, the word if second-person else "") each
+    own = list(map(_SECOND, found)).count("")
+    other = len(found) - own
     return (own > other) - (other > own)
 
 
 # A capitalised word that does not open a sentence: a name ("Laura", "Chicago", "Charlotte's Web").
-# The capital is looked for first, so the assertions are tried only where one stands.
-_CAPITAL_RE = re.compile(r"(?=[A-Z])(?<![.!?]\s)(?<![.!?]\s\")(?<!^)\b[A-Z][a-z]+")
+# The capital is matched first and what stands before it checked behind it (no word character, no
+# sentence end, not the text's start), so re skips to capitals instead of trying every position.
+_CAPITAL_RE = re.compile(r"[A-Z](?<!\w[A-Z])(?<![.!?]\s[A-Z])(?<![.!?]\s\"[A-Z])(?<!^[A-Z])[a-z]+")
 
 
 def capitalised(text: str) -> tuple[str, ...]:
     """The lowercased words a turn capitalises inside its sentences."""
-    return tuple(dict.fromkeys(w.lower() for w in _CAPITAL_RE.findall(text)))
+    return tuple(dict.fromkeys(" ".join(_CAPITAL_RE.findall(text)).lower().split()))  # each word is [A-Z][a-z]+
 
 
 class Priors:
