@@ -2,7 +2,8 @@
 
 One extension module per concern, each with a reference twin of the same name in fastpath.reference:
 _selection (fuse_scores, ranking_order, dedup, greedy_pack, select, arrange), _textkeys (tokenize,
-fnv1a64, text_keys, hash_embed, WordTable, word_vector_sums, word_terms, has_token_run), _wire (encode_item, encode_section,
+fnv1a64, text_keys, hash_embed, WordTable, word_vector_sums, word_terms, has_token_run,
+NeedleSet), _wire (encode_item, encode_section,
 encode_dropped), _ranking (overlap_counts, best_matches, fused_top_k, hybrid_top_k, window_bm25,
 cooccurring_terms, feedback_terms, newer_first) and _int8 (int8_dot); _common holds their shared
 input validation.
@@ -38,6 +39,7 @@ try:
         select,
     )
     from fastpath._textkeys import (
+        NeedleSet,
         WordTable,
         fnv1a64,
         has_token_run,
@@ -60,6 +62,7 @@ Selection = reference.Selection
 __all__ = [
     "DUPLICATE",
     "LOW_SCORE",
+    "NeedleSet",
     "OVER_BUDGET",
     "SELECTED",
     "Selection",

@@ -9,7 +9,7 @@ so other Cython modules can cimport it.
 from libc.math cimport sqrt
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memset
+from libc.string cimport memcmp, memset
 
 import numpy as np
 
@@ -530,3 +530,87 @@ def has_token_run(text, Py_ssize_t length):
         else:
             run = 0
     return False
+
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object u)
+    const char* PyUnicode_AsUTF8AndSize(object u, Py_ssize_t* size) except NULL
+
+
+cdef class NeedleSet:
+    """Strings to look for in texts: found(text) is the set of those `text` holds. An ASCII text is read
+    once, each position checked against the needles that start with its two characters (or its one,
+    for a needle of one); another text is searched for each needle in turn."""
+
+    cdef readonly tuple needles
+    cdef bytes _chars  # the ASCII needles of two or more characters, back to back
+    cdef int64_t* _offsets  # entry e spans _chars[_offsets[e]:_offsets[e + 1]]
+    cdef int32_t* _which  # entry e is needles[_which[e]]
+    cdef int32_t* _pair_start  # entries with first two characters (a, b): _pair_start[k]:_pair_start[k + 1], k = a * 128 + b
+    cdef int32_t _single[128]  # the needle of one ASCII character, or -1
+
+    def __cinit__(self, needles):
+        cdef Py_ssize_t i, e, k, n_long = 0
+        self.needles = tuple(needles)
+        for i in range(len(self.needles)):
+            if not isinstance(self.needles[i], str) or not self.needles[i]:
+                raise TypeError(f"needles[{i}] must be a non-empty str")
+        for k in range(128):
+            self._single[k] = -1
+        longs = sorted((ord(w[0]) * 128 + ord(w[1]), i) for i, w in enumerate(self.needles)
+                       if len(w) >= 2 and w.isascii())
+        n_long = len(longs)
+        self._offsets = <int64_t*>malloc((n_long + 1) * sizeof(int64_t))
+        self._which = <int32_t*>malloc((n_long + 1) * sizeof(int32_t))
+        self._pair_start = <int32_t*>malloc((128 * 128 + 1) * sizeof(int32_t))
+        if self._offsets == NULL or self._which == NULL or self._pair_start == NULL:
+            raise MemoryError()
+        self._chars = "".join(self.needles[i] for _, i in longs).encode("ascii")
+        self._offsets[0] = 0
+        for e in range(n_long):
+            self._which[e] = longs[e][1]
+            self._offsets[e + 1] = self._offsets[e] + len(self.needles[longs[e][1]])
+        e = 0
+        for k in range(128 * 128 + 1):
+            while e < n_long and longs[e][0] < k:
+                e += 1
+            self._pair_start[k] = e
+        for i, w in enumerate(self.needles):
+            if len(w) == 1 and w.isascii() and self._single[ord(w)] < 0:
+                self._single[ord(w)] = i
+
+    def __dealloc__(self):
+        free(self._offsets)
+        free(self._which)
+        free(self._pair_start)
+
+    def found(self, text):
+        """frozenset of the needles `text` holds."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, got {type(text).__name__}")
+        if not PyUnicode_IS_ASCII(text):
+            return frozenset([w for w in self.needles if w in text])
+        cdef Py_ssize_t n, i, e, m
+        cdef const unsigned char* s = <const unsigned char*>PyUnicode_AsUTF8AndSize(text, &n)
+        cdef const unsigned char* chars = self._chars
+        cdef unsigned char a, b
+        cdef int32_t k
+        cdef Py_ssize_t total = len(self.needles)
+        cdef bytearray seen = bytearray(total)
+        cdef unsigned char* flags = seen
+        for i in range(n):
+            a = s[i]
+            k = self._single[a]
+            if k >= 0 and not flags[k]:
+                flags[k] = 1
+            if i + 1 >= n:
+                break
+            b = s[i + 1]
+            for e in range(self._pair_start[a * 128 + b], self._pair_start[a * 128 + b + 1]):
+                k = self._which[e]
+                if flags[k]:
+                    continue
+                m = self._offsets[e + 1] - self._offsets[e]
+                if i + m <= n and memcmp(s + i, chars + self._offsets[e], m) == 0:
+                    flags[k] = 1
+        return frozenset([self.needles[i] for i in range(total) if flags[i]])

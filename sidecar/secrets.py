@@ -499,18 +499,14 @@ _NEEDLES = frozenset({n for r in _RULES if not r.folded for n in r.needles}.unio
 _NEEDLES_LOW = frozenset({n for r in _RULES if r.folded for n in r.needles}.union(*(p.needles_low for p in _PLUGINS)))
 
 
-# An ASCII text holds no needle that is not ASCII (most texts: those are looked for in the others only).
-_ASCII_NEEDLES = tuple(n for n in _NEEDLES if n.isascii())
-_ASCII_NEEDLES_LOW = tuple(n for n in _NEEDLES_LOW if n.isascii())
+# Each read once per text (an ASCII text in one pass over its characters).
+_NEEDLE_SET, _NEEDLE_SET_LOW = fastpath.NeedleSet(sorted(_NEEDLES)), fastpath.NeedleSet(sorted(_NEEDLES_LOW))
 
 
 def _hay(text: str) -> _Hay:
     low = text.lower()
     holes = tuple(m.span() for m in PLACEHOLDER_RE.finditer(text)) if "[secret:" in text else ()
-    ascii_ = text.isascii()
-    return _Hay(text, low, len(low) == len(text),
-                frozenset(filter(text.__contains__, _ASCII_NEEDLES if ascii_ else _NEEDLES)),
-                frozenset(filter(low.__contains__, _ASCII_NEEDLES_LOW if ascii_ else _NEEDLES_LOW)), holes)
+    return _Hay(text, low, len(low) == len(text), _NEEDLE_SET.found(text), _NEEDLE_SET_LOW.found(low), holes)
 
 
 _LIBRARY_VALUE_RE = re.compile(r"[\s\"'=:]*([^\s\"']+)")

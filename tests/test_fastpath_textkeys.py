@@ -188,3 +188,26 @@ def test_has_token_run_rules(impl):
     assert not impl.has_token_run(token[:10] + " " + token[:10], 11)
     assert not impl.has_token_run(token[:10] + "=" + token[:10], 11)  # "=" is padding, no token character
     assert not impl.has_token_run("é" * 30, 1) and impl.has_token_run("", 0)
+
+
+NEEDLE_ALPHABET = st.sampled_from(list("abAB.:_-密码 \n"))
+
+
+@FAST
+@given(st.lists(st.text(NEEDLE_ALPHABET, min_size=1, max_size=5), max_size=12), st.lists(st.text(NEEDLE_ALPHABET, max_size=40) | st.text(max_size=20), max_size=6))
+def test_needle_set_matches_reference(needles, texts):
+    fast, plain = fastpath.NeedleSet(needles), ref.NeedleSet(needles)
+    for t in texts:
+        assert fast.found(t) == plain.found(t) == frozenset(n for n in needles if n in t)
+
+
+@IMPLS
+def test_needle_set_rules(impl):
+    needles = impl.NeedleSet([".", "AKIA", "AK", "gh", "github_pat_", "密码", "ab"])
+    assert needles.found("a github_pat_x. AKIA") == {".", "AKIA", "AK", "github_pat_"}
+    assert needles.found("密码是 gh") == {"密码", "gh"} and needles.found("") == frozenset()
+    assert needles.found("xxab") == {"ab"} and needles.found("a") == frozenset()  # at the very end; a part only
+    with pytest.raises(TypeError, match="non-empty str"):
+        impl.NeedleSet(["ok", ""])
+    with pytest.raises(TypeError, match="text must be str"):
+        needles.found(None)

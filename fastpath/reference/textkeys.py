@@ -38,7 +38,7 @@ import numpy as np
 from fastpath.reference._common import MASK64, _int, _texts
 
 __all__ = ["FNV_OFFSET", "FNV_PRIME", "WordTable", "tokenize", "fnv1a64", "text_keys", "hash_embed",
-           "word_vector_sums", "word_terms", "has_token_run"]
+           "word_vector_sums", "word_terms", "has_token_run", "NeedleSet"]
 
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
@@ -223,3 +223,18 @@ def has_token_run(text: str, length: int) -> bool:
         if run >= length:
             return True
     return False
+
+
+class NeedleSet:
+    """Strings to look for in texts: found(text) is the set of those `text` holds."""
+
+    def __init__(self, needles: Sequence[str]) -> None:
+        self.needles = tuple(needles)
+        for i, w in enumerate(self.needles):
+            if not isinstance(w, str) or not w:
+                raise TypeError(f"needles[{i}] must be a non-empty str")
+
+    def found(self, text: str) -> frozenset[str]:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, got {type(text).__name__}")
+        return frozenset(w for w in self.needles if w in text)
