@@ -11,6 +11,7 @@ import re._constants as _c  # sre's parse-tree opcodes
 import re._parser as _parser
 from collections.abc import Iterator
 
+import fastpath
 from sidecar.literal_gate import can_match_ascii, folded, necessary_literal_sets, passes
 
 
@@ -30,6 +31,14 @@ class CaselessPattern:
         self._gated = [(necessary_literal_sets(re.compile(a, rx.flags)), re.compile(a, rx.flags),
                         re.compile(a, rx.flags & ~re.IGNORECASE)) for a in alternatives(rx)]
         self._gated_ascii = [(gates, cased) for gates, _, cased in self._gated if can_match_ascii(gates)]
+        # Every literal of those, found in one pass over the lowered text; then only the alternatives
+        # whose rarest gate holds a literal found are asked (and those without a gate).
+        self._literals = fastpath.NeedleSet(sorted({lit for gates, _ in self._gated_ascii for g in gates for lit in g}))
+        self._by_literal: dict[str, list[int]] = {}
+        for i, (gates, _) in enumerate(self._gated_ascii):
+            for lit in gates[0] if gates else ():
+                self._by_literal.setdefault(lit, []).append(i)
+        self._ungated = [i for i, (gates, _) in enumerate(self._gated_ascii) if not gates]
 
     def finditer(self, text: str) -> Iterator[re.Match[str]]:
         """rx.finditer(text); on ASCII text the matches are of the lowered text (same positions)."""
@@ -43,7 +52,13 @@ class CaselessPattern:
         """Whether rx.search(text) finds a match."""
         if text.isascii():  # the cased alternatives read the lowered text
             low = text.lower()
-            return any(passes(gates, low) and cased.search(low) is not None for gates, cased in self._gated_ascii)
+            held = self._literals.found(low)
+            asked = {i for lit in held for i in self._by_literal.get(lit, ())}
+            for i in sorted(asked.union(self._ungated)):
+                gates, cased = self._gated_ascii[i]
+                if all(not held.isdisjoint(g) for g in gates) and cased.search(low) is not None:
+                    return True
+            return False
         low = folded(text)
         return any(passes(gates, low) and folding.search(text) is not None for gates, folding, _ in self._gated)
 
