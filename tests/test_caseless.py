@@ -7,16 +7,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.caseless import CaselessPattern, alternatives
+from sidecar.compress.summarize import _DECISION, _ERROR, _NUMBER
 from sidecar.memory.episodic.priors import _PERSON_RE
 from sidecar.memory.extract import _ANY_CUE_RE, _EPISODE_CUE_RE
 
 # Besides the patterns in use, one whose "|" sit inside sets, escapes and groups.
 TRICKY = re.compile(r"\bprefer\b|[]|]like|our\|team|(?:usually|every)\s+morning|[^]|a-z]?out\b|k", re.I)
-PATTERNS = [_ANY_CUE_RE, _EPISODE_CUE_RE, _PERSON_RE, TRICKY]
+PATTERNS = [_ANY_CUE_RE, _EPISODE_CUE_RE, _PERSON_RE, TRICKY, _DECISION.rx, _NUMBER.rx, _ERROR.rx]
 # Texts made of the patterns' own words in any case, beside what folds oddly (dotless i, long s,
 # the Kelvin sign), CJK cues and emoji.
 WORDS = st.sampled_from(["I", "i'm", "We", "YOU", "your", "prefer", "Like", "usually", "Every", "morning", "our",
-                         "team", "owns", "Incident", "outage", "SEV-1", "p1", "paged", "root", "cause", "Fixed",
+                         "team", "owns", "JIRA-12", "30ms", "v1.2", "504", "Timed out", "Rolled back", "Incident", "outage", "SEV-1", "p1", "paged", "root", "cause", "Fixed",
                          "by", "turned", "out", "]like", "|", "our|team", "]out", "ı", "ſ", "K", "\u212a", "故障", "我习惯", "以后", "😀", "'", "-",
                          " ", "  ", "\n", ".", "?"])
 TEXTS = st.lists(WORDS, max_size=30).map(" ".join) | st.text(max_size=60)

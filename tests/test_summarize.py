@@ -1,6 +1,8 @@
 import random
 
 import tiktoken
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sidecar.compress.summarize import ExtractiveSummarizer, Summarizer, Summary
 from sidecar.secrets import contains_secret
@@ -172,3 +174,13 @@ def test_long_sentence_is_clipped_but_keeps_entities() -> None:
         None, [Turn("1", "assistant", text)], max_tokens=200, count_tokens=count
     )
     assert "order-service" in s.text and "staging" in s.text and len(s.text) < 400
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_every_number_the_summary_scores_holds_a_digit(data):
+    # _score reads _NUMBER only where a digit stands: each of its alternatives needs one.
+    from sidecar.compress.summarize import _DIGIT_RE, _NUMBER
+
+    match = data.draw(st.from_regex(_NUMBER.rx))
+    assert _DIGIT_RE.search(match)

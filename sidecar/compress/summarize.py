@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sidecar.caseless import CaselessPattern
 from sidecar.llm import ChatClient, LLMError
 from sidecar.secrets import redact
 from sidecar.textmodel import (
@@ -36,19 +37,23 @@ from sidecar.textmodel import (
 
 CountTokens = Callable[[str], int]
 
-_DECISION_RE = re.compile(
+# Matched as CaselessPattern (lowered text, gated alternatives): re.I folds every character it reads.
+_DECISION = CaselessPattern(re.compile(
     r"root[\s-]?cause|resolved|resolution|decided|decision|conclu(?:sion|ded)|confirmed|fixed|"
     r"rolled\s+back|roll\s?back|mitigat|agreed|workaround|postmortem|action\s+item|next\s+step|"
     r"根因|结论|已确认|确认|决定|原因是|修复|回滚|解决|定位到|止损",
     re.I,
-)
-_NUMBER_RE = re.compile(
+))
+# Under IGNORECASE [a-z] is any letter [A-Z] would be ("JIRA-12" and "jira-12" alike). Every
+# alternative holds a digit: a sentence without one is not read again.
+_DIGIT_RE = re.compile(r"\d")
+_NUMBER = CaselessPattern(re.compile(
     r"\d+(?:\.\d+)?\s*(?:ms|s|sec|secs|seconds?|mins?|minutes?|h|hrs?|hours?|days?|%|[kmgt]i?b|qps|rps|"
     r"req/s|cores?|pods?|replicas?|nodes?|毫秒|秒|分钟|小时|天|次|个|台|条)(?![a-z])|"
-    r"\b\d{1,2}:\d{2}\b|#\d+|\b[A-Z][A-Z0-9]+-\d+\b|\bv?\d+\.\d+(?:\.\d+)?\b|\b[45]\d\d\b",
+    r"\b\d{1,2}:\d{2}\b|#\d+|\b[a-z][a-z0-9]+-\d+\b|\bv?\d+\.\d+(?:\.\d+)?\b|\b[45]\d\d\b",
     re.I,
-)
-_ERROR_RE = re.compile(r"error|fail|timeout|timed out|exception|panic|oom|5xx|错误|失败|超时|异常|报错", re.I)
+))
+_ERROR = CaselessPattern(re.compile(r"error|fail|timeout|timed out|exception|panic|oom|5xx|错误|失败|超时|异常|报错", re.I))
 _WS_RE = re.compile(r"\s+")
 _ROLE_LABELS = {"user": "U", "assistant": "A", "tool": "T", "system": "S"}
 _MAX_SENTENCE_CHARS = 300
@@ -91,12 +96,12 @@ class Summarizer(Protocol):
 
 def _score(sentence: str, entities: Sequence[str], role: str) -> float:
     value = 0.0
-    if _DECISION_RE.search(sentence):
+    if _DECISION.found(sentence):
         value += 3.0
     value += 2.0 * min(len(entities), 2)
-    if _NUMBER_RE.search(sentence):
+    if _DIGIT_RE.search(sentence) and _NUMBER.found(sentence):
         value += 1.0
-    if _ERROR_RE.search(sentence):
+    if _ERROR.found(sentence):
         value += 1.0
     if value and role == "user":
         value += 0.5  # users state goals and constraints; slightly prefer them
