@@ -129,6 +129,9 @@ class Sidecar:
         self.compression.head_moved = lambda scope, view: self.builder.prompts.head_moved(
             (scope.tenant_id, scope.user_id, view.session.session_id), prompt_head(view))
         self.store.append_listeners.append(self.episodic.on_append)
+        # An import's jobs start while its turns are indexed: what either does off the GIL (DuckDB's
+        # writes, the index's compiled loops) runs beside the other.
+        self.store.import_listeners.append(lambda scope, imported: self.worker.notify())
         self.store.import_listeners.append(self.episodic.on_import)
         self.memories.on_forget(self.episodic.forget)
         self.memories.on_delete(self.episodic.exclude)
