@@ -129,6 +129,38 @@ cdef Py_ssize_t _prepare(object text, Py_ssize_t k, TextBuf* tb) except -1:
     return _tokenize(tb.cps, n, tb.starts, tb.ends)
 
 
+# A batch's texts are lowered (which needs the GIL) a chunk at a time, and each chunk is then read
+# without the GIL, so another thread runs meanwhile (an import's jobs while its turns are indexed).
+cdef Py_ssize_t CHUNK_CHARS = 1 << 16
+
+
+cdef Py_ssize_t _load_chunk(list items, Py_ssize_t lo, TextBuf* tb, Py_ssize_t** off, Py_ssize_t* off_cap) except -1:
+    """Texts items[lo:hi] lowered into tb.cps back to back, text lo + j at (*off)[j]:(*off)[j + 1]: as
+    many as CHUNK_CHARS holds, at least one; returns hi. tb.starts/ends hold any one text's tokens."""
+    cdef Py_ssize_t n = len(items), hi = lo, total = 0, length
+    cdef void* p
+    cdef object low
+    while hi < n and (hi == lo or total < CHUNK_CHARS):
+        if not isinstance(items[hi], str):
+            raise TypeError(f"texts[{hi}] must be str, got {type(items[hi]).__name__}")
+        low = items[hi].lower()
+        length = PyUnicode_GET_LENGTH(low)
+        _ensure(tb, total + length + 1)
+        if hi - lo + 2 > off_cap[0]:
+            off_cap[0] = 2 * (hi - lo + 2)
+            p = realloc(off[0], off_cap[0] * sizeof(Py_ssize_t))
+            if p == NULL:
+                raise MemoryError()
+            off[0] = <Py_ssize_t*>p
+        off[0][hi - lo] = total
+        if length:
+            PyUnicode_AsUCS4(low, <Py_UCS4*>(tb.cps + total), tb.cap - total, 0)
+        total += length
+        hi += 1
+    off[0][hi - lo] = total
+    return hi
+
+
 cdef inline uint64_t _fb(uint64_t h, uint64_t byte) noexcept nogil:
     return (h ^ byte) * _FNV_PRIME
 
@@ -290,13 +322,21 @@ def text_keys(texts):
     cdef uint64_t* ex = <uint64_t*>_ptr(exact)
     cdef uint64_t* sh = <uint64_t*>_ptr(sim)
     cdef TextBuf tb
+    cdef Py_ssize_t* off = NULL
+    cdef Py_ssize_t off_cap = 0, lo = 0, hi, s
     memset(&tb, 0, sizeof(tb))
     try:
-        for k in range(n):
-            nt = _prepare(items[k], k, &tb)
-            _keys_one(tb.cps, tb.starts, tb.ends, nt, ex + k, sh + k)
+        while lo < n:
+            hi = _load_chunk(items, lo, &tb, &off, &off_cap)
+            with nogil:
+                for k in range(lo, hi):
+                    s = off[k - lo]
+                    nt = _tokenize(tb.cps + s, off[k - lo + 1] - s, tb.starts, tb.ends)
+                    _keys_one(tb.cps + s, tb.starts, tb.ends, nt, ex + k, sh + k)
+            lo = hi
     finally:
         _release(&tb)
+        free(off)
     return exact, sim
 
 
@@ -316,13 +356,21 @@ def hash_embed(texts, dim):
     if vec == NULL:
         raise MemoryError()
     cdef TextBuf tb
+    cdef Py_ssize_t* off = NULL
+    cdef Py_ssize_t off_cap = 0, lo = 0, hi, s
     memset(&tb, 0, sizeof(tb))
     try:
-        for k in range(n):
-            nt = _prepare(items[k], k, &tb)
-            _embed_one(tb.cps, tb.starts, tb.ends, nt, vec, d, op + k * d)
+        while lo < n:
+            hi = _load_chunk(items, lo, &tb, &off, &off_cap)
+            with nogil:
+                for k in range(lo, hi):
+                    s = off[k - lo]
+                    nt = _tokenize(tb.cps + s, off[k - lo + 1] - s, tb.starts, tb.ends)
+                    _embed_one(tb.cps + s, tb.starts, tb.ends, nt, vec, d, op + k * d)
+            lo = hi
     finally:
         _release(&tb)
+        free(off)
         free(vec)
     return out
 
@@ -337,6 +385,7 @@ cdef class WordTable:
     out: no text's word could find them."""
 
     cdef bytes _chars
+    cdef const unsigned char* _chars_at  # _chars' bytes, read without the GIL
     cdef int64_t* _offsets  # entry e spans _chars[_offsets[e]:_offsets[e + 1]]
     cdef int64_t* _rows  # entry e's row
     cdef int64_t* _slots  # -1 empty, else an entry
@@ -356,6 +405,7 @@ cdef class WordTable:
         if self._offsets == NULL or self._rows == NULL or self._slots == NULL:
             raise MemoryError()
         self._chars = "".join(words).encode("ascii")
+        self._chars_at = self._chars
         self._mask = cap - 1
         self.size = n
         chars = self._chars
@@ -378,12 +428,12 @@ cdef class WordTable:
         free(self._rows)
         free(self._slots)
 
-    cdef int64_t find(self, const uint32_t* cps, Py_ssize_t s, Py_ssize_t e) noexcept:
+    cdef int64_t find(self, const uint32_t* cps, Py_ssize_t s, Py_ssize_t e) noexcept nogil:
         """The row of the word cps[s:e] (ASCII), or -1."""
         cdef uint64_t slot = _fspan(_FNV_OFFSET, cps, s, e) & self._mask
         cdef int64_t entry, at
         cdef Py_ssize_t i
-        cdef const unsigned char* chars = self._chars
+        cdef const unsigned char* chars = self._chars_at
         while True:
             entry = self._slots[slot]
             if entry < 0:
@@ -434,33 +484,48 @@ def word_vector_sums(texts, WordTable table not None, weighted):
     cdef const float* src
     cdef float* acc
     cdef TextBuf tb
+    cdef Py_ssize_t* off = NULL
+    cdef Py_ssize_t off_cap = 0, lo = 0, hi
+    cdef int64_t bad = -1  # a row outside `weighted`, raised once the GIL is held again
+    cdef const uint32_t* cps
     memset(&tb, 0, sizeof(tb))
     try:
-        for k in range(n):
-            nc = _lowered(items[k], k, &tb)
-            acc = op + k * dim
-            i = 0
-            while i < nc:
-                if not _is_az(tb.cps[i]):
-                    i += 1
-                    continue
-                s = i
-                while i < nc and _is_az(tb.cps[i]):
-                    i += 1
-                if i + 1 < nc and tb.cps[i] == 39 and _is_az(tb.cps[i + 1]):  # 39: "'"
-                    i += 1
-                    while i < nc and _is_az(tb.cps[i]):
-                        i += 1
-                row = table.find(tb.cps, s, i)
-                if row < 0:
-                    continue
-                if row >= rows:
-                    raise ValueError(f"the table's row {row} is outside weighted ({rows} rows)")
-                src = wp + row * dim
-                for j in range(dim):
-                    acc[j] += src[j]
+        while lo < n and bad < 0:
+            hi = _load_chunk(items, lo, &tb, &off, &off_cap)
+            with nogil:
+                for k in range(lo, hi):
+                    cps = tb.cps + off[k - lo]
+                    nc = off[k - lo + 1] - off[k - lo]
+                    acc = op + k * dim
+                    i = 0
+                    while i < nc:
+                        if not _is_az(cps[i]):
+                            i += 1
+                            continue
+                        s = i
+                        while i < nc and _is_az(cps[i]):
+                            i += 1
+                        if i + 1 < nc and cps[i] == 39 and _is_az(cps[i + 1]):  # 39: "'"
+                            i += 1
+                            while i < nc and _is_az(cps[i]):
+                                i += 1
+                        row = table.find(cps, s, i)
+                        if row < 0:
+                            continue
+                        if row >= rows:
+                            bad = row
+                            break
+                        src = wp + row * dim
+                        for j in range(dim):
+                            acc[j] += src[j]
+                    if bad >= 0:
+                        break
+            lo = hi
+        if bad >= 0:
+            raise ValueError(f"the table's row {bad} is outside weighted ({rows} rows)")
     finally:
         _release(&tb)
+        free(off)
     return out
 
 

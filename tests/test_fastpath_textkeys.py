@@ -211,3 +211,22 @@ def test_needle_set_rules(impl):
         impl.NeedleSet(["ok", ""])
     with pytest.raises(TypeError, match="text must be str"):
         needles.found(None)
+
+
+def test_batches_longer_than_a_chunk_match_reference():
+    # The compiled routines read a batch a chunk of characters at a time (the GIL let go for each):
+    # texts across chunk ends, one text longer than a chunk, and empty ones come out as one at a time.
+    rng = np.random.default_rng(7)
+    words = ["tea", "green", "don't", "rock'n", "roll", "中文", "é", "kelvin", "x1", "The"]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(0, 400)))) for _ in range(300)]
+    texts += ["", " ".join(rng.choice(words, size=40_000)), "tea"]  # ~200k characters in one text
+    assert sum(map(len, texts)) > 3 * 65_536
+    for x, y in zip(fastpath.text_keys(texts), ref.text_keys(texts), strict=True):
+        assert same(x, y)
+    assert same_floats(fastpath.hash_embed(texts, 64), ref.hash_embed(texts, 64))
+    table = {w: i for i, w in enumerate(["tea", "green", "don't", "rock'n", "roll", "kelvin", "the"])}
+    weighted = rng.standard_normal((len(table), 5)).astype(np.float32)
+    assert same_floats(fastpath.word_vector_sums(texts, fastpath.WordTable(table), weighted),
+                       ref.word_vector_sums(texts, ref.WordTable(table), weighted))
+    with pytest.raises(ValueError, match="outside"):  # a bad row met in a later chunk still raises
+        fastpath.word_vector_sums([*texts, "roll"], fastpath.WordTable({"roll": 99}), weighted)
