@@ -132,6 +132,9 @@ cdef Py_ssize_t _prepare(object text, Py_ssize_t k, TextBuf* tb) except -1:
 # A batch's texts are lowered (which needs the GIL) a chunk at a time, and each chunk is then read
 # without the GIL, so another thread runs meanwhile (an import's jobs while its turns are indexed).
 cdef Py_ssize_t CHUNK_CHARS = 1 << 16
+# A smaller chunk (a query, a few turns) is read holding the GIL: getting it back can wait a switch
+# interval (5 ms) behind another thread, far more than such a chunk costs.
+cdef Py_ssize_t RELEASE_CHARS = 1 << 14
 
 
 cdef Py_ssize_t _load_chunk(list items, Py_ssize_t lo, TextBuf* tb, Py_ssize_t** off, Py_ssize_t* off_cap) except -1:
@@ -290,6 +293,24 @@ cdef void _embed_one(const uint32_t* cps, const Py_ssize_t* st, const Py_ssize_t
         memset(out, 0, dim * sizeof(float))
 
 
+cdef void _keys_chunk(TextBuf* tb, const Py_ssize_t* off, Py_ssize_t m, uint64_t* exact,
+                      uint64_t* sim) noexcept nogil:
+    """text_keys of a chunk's m texts (_load_chunk)."""
+    cdef Py_ssize_t j, nt
+    for j in range(m):
+        nt = _tokenize(tb.cps + off[j], off[j + 1] - off[j], tb.starts, tb.ends)
+        _keys_one(tb.cps + off[j], tb.starts, tb.ends, nt, exact + j, sim + j)
+
+
+cdef void _embed_chunk(TextBuf* tb, const Py_ssize_t* off, Py_ssize_t m, double* vec, Py_ssize_t dim,
+                       float* out) noexcept nogil:
+    """hash_embed of a chunk's m texts (_load_chunk)."""
+    cdef Py_ssize_t j, nt
+    for j in range(m):
+        nt = _tokenize(tb.cps + off[j], off[j + 1] - off[j], tb.starts, tb.ends)
+        _embed_one(tb.cps + off[j], tb.starts, tb.ends, nt, vec, dim, out + j * dim)
+
+
 def tokenize(text):
     """Tokens of `text` (rules in the fastpath.reference.textkeys docstring); list[str]."""
     if not isinstance(text, str):
@@ -316,23 +337,23 @@ def fnv1a64(data):
 def text_keys(texts):
     """(exact key uint64[n], simhash uint64[n]) per text; see fastpath.reference.text_keys."""
     cdef list items = _text_list(texts)
-    cdef Py_ssize_t n = len(items), k, nt
+    cdef Py_ssize_t n = len(items)
     cdef cnp.ndarray exact = _empty(n, cnp.NPY_UINT64)
     cdef cnp.ndarray sim = _empty(n, cnp.NPY_UINT64)
     cdef uint64_t* ex = <uint64_t*>_ptr(exact)
     cdef uint64_t* sh = <uint64_t*>_ptr(sim)
     cdef TextBuf tb
     cdef Py_ssize_t* off = NULL
-    cdef Py_ssize_t off_cap = 0, lo = 0, hi, s
+    cdef Py_ssize_t off_cap = 0, lo = 0, hi
     memset(&tb, 0, sizeof(tb))
     try:
         while lo < n:
             hi = _load_chunk(items, lo, &tb, &off, &off_cap)
-            with nogil:
-                for k in range(lo, hi):
-                    s = off[k - lo]
-                    nt = _tokenize(tb.cps + s, off[k - lo + 1] - s, tb.starts, tb.ends)
-                    _keys_one(tb.cps + s, tb.starts, tb.ends, nt, ex + k, sh + k)
+            if off[hi - lo] >= RELEASE_CHARS:
+                with nogil:
+                    _keys_chunk(&tb, off, hi - lo, ex + lo, sh + lo)
+            else:
+                _keys_chunk(&tb, off, hi - lo, ex + lo, sh + lo)
             lo = hi
     finally:
         _release(&tb)
@@ -346,7 +367,7 @@ def hash_embed(texts, dim):
     if d < 1:
         raise ValueError(f"dim must be >= 1, got {dim}")
     cdef list items = _text_list(texts)
-    cdef Py_ssize_t n = len(items), k, nt
+    cdef Py_ssize_t n = len(items)
     cdef cnp.npy_intp dims[2]
     dims[0] = n
     dims[1] = d
@@ -357,16 +378,16 @@ def hash_embed(texts, dim):
         raise MemoryError()
     cdef TextBuf tb
     cdef Py_ssize_t* off = NULL
-    cdef Py_ssize_t off_cap = 0, lo = 0, hi, s
+    cdef Py_ssize_t off_cap = 0, lo = 0, hi
     memset(&tb, 0, sizeof(tb))
     try:
         while lo < n:
             hi = _load_chunk(items, lo, &tb, &off, &off_cap)
-            with nogil:
-                for k in range(lo, hi):
-                    s = off[k - lo]
-                    nt = _tokenize(tb.cps + s, off[k - lo + 1] - s, tb.starts, tb.ends)
-                    _embed_one(tb.cps + s, tb.starts, tb.ends, nt, vec, d, op + k * d)
+            if off[hi - lo] >= RELEASE_CHARS:
+                with nogil:
+                    _embed_chunk(&tb, off, hi - lo, vec, d, op + lo * d)
+            else:
+                _embed_chunk(&tb, off, hi - lo, vec, d, op + lo * d)
             lo = hi
     finally:
         _release(&tb)
@@ -473,53 +494,26 @@ def word_vector_sums(texts, WordTable table not None, weighted):
     if not isinstance(weighted, cnp.ndarray) or weighted.dtype != np.float32 or weighted.ndim != 2:
         raise TypeError("weighted must be a float32[rows, dim] array")
     cdef cnp.ndarray w = np.ascontiguousarray(weighted)
-    cdef Py_ssize_t n = len(items), rows = w.shape[0], dim = w.shape[1], k, i, j, s, nc
-    cdef int64_t row
+    cdef Py_ssize_t n = len(items), rows = w.shape[0], dim = w.shape[1]
     cdef cnp.npy_intp dims[2]
     dims[0] = n
     dims[1] = dim
     cdef cnp.ndarray out = <cnp.ndarray>cnp.PyArray_ZEROS(2, dims, cnp.NPY_FLOAT32, 0)
     cdef float* op = <float*>_ptr(out)
     cdef const float* wp = <const float*>_ptr(w)
-    cdef const float* src
-    cdef float* acc
     cdef TextBuf tb
     cdef Py_ssize_t* off = NULL
     cdef Py_ssize_t off_cap = 0, lo = 0, hi
-    cdef int64_t bad = -1  # a row outside `weighted`, raised once the GIL is held again
-    cdef const uint32_t* cps
+    cdef int64_t bad = -1  # a row outside `weighted`
     memset(&tb, 0, sizeof(tb))
     try:
         while lo < n and bad < 0:
             hi = _load_chunk(items, lo, &tb, &off, &off_cap)
-            with nogil:
-                for k in range(lo, hi):
-                    cps = tb.cps + off[k - lo]
-                    nc = off[k - lo + 1] - off[k - lo]
-                    acc = op + k * dim
-                    i = 0
-                    while i < nc:
-                        if not _is_az(cps[i]):
-                            i += 1
-                            continue
-                        s = i
-                        while i < nc and _is_az(cps[i]):
-                            i += 1
-                        if i + 1 < nc and cps[i] == 39 and _is_az(cps[i + 1]):  # 39: "'"
-                            i += 1
-                            while i < nc and _is_az(cps[i]):
-                                i += 1
-                        row = table.find(cps, s, i)
-                        if row < 0:
-                            continue
-                        if row >= rows:
-                            bad = row
-                            break
-                        src = wp + row * dim
-                        for j in range(dim):
-                            acc[j] += src[j]
-                    if bad >= 0:
-                        break
+            if off[hi - lo] >= RELEASE_CHARS:
+                with nogil:
+                    bad = _sums_chunk(table, &tb, off, hi - lo, wp, rows, dim, op + lo * dim)
+            else:
+                bad = _sums_chunk(table, &tb, off, hi - lo, wp, rows, dim, op + lo * dim)
             lo = hi
         if bad >= 0:
             raise ValueError(f"the table's row {bad} is outside weighted ({rows} rows)")
@@ -527,6 +521,41 @@ def word_vector_sums(texts, WordTable table not None, weighted):
         _release(&tb)
         free(off)
     return out
+
+
+cdef int64_t _sums_chunk(WordTable table, TextBuf* tb, const Py_ssize_t* off, Py_ssize_t m, const float* wp,
+                         Py_ssize_t rows, Py_ssize_t dim, float* op) noexcept nogil:
+    """word_vector_sums of a chunk's m texts (_load_chunk) into op; a row outside `wp` met, or -1."""
+    cdef Py_ssize_t k, i, j, s, nc
+    cdef int64_t row
+    cdef const uint32_t* cps
+    cdef const float* src
+    cdef float* acc
+    for k in range(m):
+        cps = tb.cps + off[k]
+        nc = off[k + 1] - off[k]
+        acc = op + k * dim
+        i = 0
+        while i < nc:
+            if not _is_az(cps[i]):
+                i += 1
+                continue
+            s = i
+            while i < nc and _is_az(cps[i]):
+                i += 1
+            if i + 1 < nc and cps[i] == 39 and _is_az(cps[i + 1]):  # 39: "'"
+                i += 1
+                while i < nc and _is_az(cps[i]):
+                    i += 1
+            row = table.find(cps, s, i)
+            if row < 0:
+                continue
+            if row >= rows:
+                return row
+            src = wp + row * dim
+            for j in range(dim):
+                acc[j] += src[j]
+    return -1
 
 
 cdef inline bint _is_term_cjk(uint32_t c) noexcept nogil:
