@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from sidecar.literal_gate import GatedPattern, folded
+
 Role = Literal["user", "assistant", "tool", "system"]
 ROLES: frozenset[str] = frozenset({"user", "assistant", "tool", "system"})
 
@@ -212,10 +214,24 @@ _NAMESPACE_RE = re.compile(
 )
 
 
+# Each pattern behind the literals its matches need (most sentences hold none), and the service and IP
+# patterns behind the character they cannot match without ("-" or "_"; a digit).
+_GATED = {rx: GatedPattern(rx) for rx in (_ENV_STRONG_RE, _ENV_WEAK_RE, _ENV_CN_RE, _HOST_RE, _NAMESPACE_RE)}
+_DIGIT_RE = re.compile(r"\d")
+
+
+def _matches(rx: re.Pattern[str], text: str, low: str) -> Iterator[re.Match[str]]:
+    """rx.finditer(text), skipped where rx's gates rule a match out (low: folded(text))."""
+    gated = _GATED[rx]
+    if (gated.ascii_ok or not text.isascii()) and gated.may_match(text, low):
+        yield from rx.finditer(text)
+
+
 def find_environments(text: str) -> list[str]:
-    found: list[str] = [m.group(1).lower() for m in _ENV_STRONG_RE.finditer(text)]
-    found += [m.group(1).lower() for m in _ENV_WEAK_RE.finditer(text)]
-    found += [m.group(1) or m.group(2) for m in _ENV_CN_RE.finditer(text)]
+    low = folded(text)
+    found: list[str] = [m.group(1).lower() for m in _matches(_ENV_STRONG_RE, text, low)]
+    found += [m.group(1).lower() for m in _matches(_ENV_WEAK_RE, text, low)]
+    found += [m.group(1) or m.group(2) for m in _matches(_ENV_CN_RE, text, low)]
     return list(dict.fromkeys(found))
 
 
@@ -223,10 +239,10 @@ def find_services(text: str) -> list[str]:
     """Service-style names (``payment-api``, ``foo_db``) and k8s namespaces, lowercased."""
     found = [
         m.group().lower()
-        for m in _SERVICE_RE.finditer(text)
+        for m in (_SERVICE_RE.finditer(text) if "-" in text or "_" in text else ())
         if any(p in _SERVICE_PARTS for p in re.split(r"[-_]", m.group().lower()))
     ]
-    found += [(m.group(1) or m.group(2)).lower() for m in _NAMESPACE_RE.finditer(text)]
+    found += [(m.group(1) or m.group(2)).lower() for m in _matches(_NAMESPACE_RE, text, folded(text))]
     return list(dict.fromkeys(found))
 
 
@@ -237,6 +253,6 @@ def find_entities(text: str) -> list[str]:
     returned name can be found verbatim in the text it came from.
     """
     found = find_environments(text) + find_services(text)
-    found += [m.group().lower() for m in _HOST_RE.finditer(text)]
-    found += [m.group() for m in _IP_RE.finditer(text)]
+    found += [m.group().lower() for m in _matches(_HOST_RE, text, folded(text))]
+    found += [m.group() for m in (_IP_RE.finditer(text) if _DIGIT_RE.search(text) else ())]
     return list(dict.fromkeys(found))

@@ -184,3 +184,29 @@ def test_every_number_the_summary_scores_holds_a_digit(data):
 
     match = data.draw(st.from_regex(_NUMBER.rx))
     assert _DIGIT_RE.search(match)
+
+
+_ENTITY_PIECES = ["prod", "PROD", "production", "staging", "pre-prod", "uat", "test", "dev", "env", "cluster", " db",
+                  "qa", "sandbox", "stage", "生产", "测试", "环境", "集群", "namespace", "ns", "-n", "命名空间", "payment-api",
+                  "foo_db", "Auth-Svc", "a-b", "x_y", ".", "-", "_", "com", "io", "internal", "api.example", "10.0.0.1",
+                  ":8080", "1", "256", " ", "  ", "\n", ":", "=", "/", "İ", "ı", "ſ", "\u212a", "é", "😀"]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(st.sampled_from(_ENTITY_PIECES), max_size=25).map("".join) | st.text(max_size=60))
+def test_entities_answer_as_their_plain_patterns(text):
+    # find_entities asks each pattern only where its gates allow a match: the answers are the same as
+    # every pattern read over the whole text.
+    import re
+
+    from sidecar import textmodel as tm
+
+    env = [m.group(1).lower() for m in tm._ENV_STRONG_RE.finditer(text)]
+    env += [m.group(1).lower() for m in tm._ENV_WEAK_RE.finditer(text)]
+    env += [m.group(1) or m.group(2) for m in tm._ENV_CN_RE.finditer(text)]
+    services = [m.group().lower() for m in tm._SERVICE_RE.finditer(text)
+                if any(p in tm._SERVICE_PARTS for p in re.split(r"[-_]", m.group().lower()))]
+    services += [(m.group(1) or m.group(2)).lower() for m in tm._NAMESPACE_RE.finditer(text)]
+    plain = list(dict.fromkeys(env)) + list(dict.fromkeys(services))
+    plain += [m.group().lower() for m in tm._HOST_RE.finditer(text)] + [m.group() for m in tm._IP_RE.finditer(text)]
+    assert find_entities(text) == list(dict.fromkeys(plain))
