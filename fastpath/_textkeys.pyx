@@ -22,6 +22,7 @@ cnp.import_array()
 
 cdef extern from "Python.h":
     Py_UCS4* PyUnicode_AsUCS4(object u, Py_UCS4* buffer, Py_ssize_t buflen, int copy_null) except NULL
+    object PyUnicode_FromKindAndData(int kind, const void* buffer, Py_ssize_t size)
     Py_ssize_t PyUnicode_GET_LENGTH(object u)
     # A pure table lookup, safe without the GIL; it is exactly what str.isalnum() tests per character.
     bint fp_isalnum "Py_UNICODE_ISALNUM"(uint32_t ch) nogil
@@ -400,6 +401,22 @@ cdef inline bint _is_az(uint32_t c) noexcept nogil:
     return c - 97 < 26
 
 
+cdef inline bint _is_az09(uint32_t c) noexcept nogil:
+    return (c - 97 < 26) or (c - 48 < 10)
+
+
+cdef inline Py_ssize_t _word_end(const uint32_t* cps, Py_ssize_t i, Py_ssize_t n, bint digits) noexcept nogil:
+    """Where the word starting at cps[i] ends: its run of [a-z] ([0-9a-z] with `digits`), then a "'"
+    and the letters after it where a letter follows ("don't", "rock'n" of "rock'n'roll")."""
+    while i < n and (_is_az09(cps[i]) if digits else _is_az(cps[i])):
+        i += 1
+    if i + 1 < n and cps[i] == 39 and _is_az(cps[i + 1]):  # 39: "'"
+        i += 2
+        while i < n and _is_az(cps[i]):
+            i += 1
+    return i
+
+
 cdef class WordTable:
     """A vocabulary (word -> row) as an open-addressing table over the words' ASCII bytes, so a text's
     words are found without a str made per word. Words that [a-z]+('[a-z]+)? cannot match are left
@@ -541,12 +558,7 @@ cdef int64_t _sums_chunk(WordTable table, TextBuf* tb, const Py_ssize_t* off, Py
                 i += 1
                 continue
             s = i
-            while i < nc and _is_az(cps[i]):
-                i += 1
-            if i + 1 < nc and cps[i] == 39 and _is_az(cps[i + 1]):  # 39: "'"
-                i += 1
-                while i < nc and _is_az(cps[i]):
-                    i += 1
+            i = _word_end(cps, i, nc, False)
             row = table.find(cps, s, i)
             if row < 0:
                 continue
@@ -562,45 +574,40 @@ cdef inline bint _is_term_cjk(uint32_t c) noexcept nogil:
     return (0x3040 <= c <= 0x30FF) or (0x3400 <= c <= 0x4DBF) or (0x4E00 <= c <= 0x9FFF) or (0xF900 <= c <= 0xFAFF)
 
 
-cdef inline bint _is_az09(uint32_t c) noexcept nogil:
-    return (c - 97 < 26) or (c - 48 < 10)
-
-
 def word_terms(text, dict cache not None, miss):
     """The truthy cache[w] of each word w of the lowercased text, in order; a word not in the cache is
     put there as miss(w) first (a str)."""
     if not isinstance(text, str):
         raise TypeError(f"text must be str, got {type(text).__name__}")
-    cdef unicode low = text.lower()
-    cdef Py_ssize_t n = len(low), i = 0, s
-    cdef Py_UCS4 c
+    cdef TextBuf tb
+    memset(&tb, 0, sizeof(tb))
+    cdef Py_ssize_t n, i = 0, s
+    cdef uint32_t c
     cdef list out = []
     cdef object word, term
-    while i < n:
-        c = low[i]
-        s = i
-        if _is_az09(c):
-            i += 1
-            while i < n and _is_az09(low[i]):
+    try:
+        n = _lowered(text, 0, &tb)
+        while i < n:
+            c = tb.cps[i]
+            s = i
+            if _is_az09(c):
+                i = _word_end(tb.cps, i, n, True)
+            elif _is_term_cjk(c):
                 i += 1
-            if i + 1 < n and low[i] == 39 and _is_az(low[i + 1]):  # 39: "'"
-                i += 2
-                while i < n and _is_az(low[i]):
-                    i += 1
-        elif _is_term_cjk(c):
-            i += 1
-        else:
-            i += 1
-            continue
-        word = low[s:i]
-        term = cache.get(word)
-        if term is None:
-            term = miss(word)
-            if not isinstance(term, str):
-                raise TypeError(f"miss({word!r}) must return a str, got {type(term).__name__}")
-            cache[word] = term
-        if term:
-            out.append(term)
+            else:
+                i += 1
+                continue
+            word = PyUnicode_FromKindAndData(4, tb.cps + s, i - s)  # 4: PyUnicode_4BYTE_KIND
+            term = cache.get(word)
+            if term is None:
+                term = miss(word)
+                if not isinstance(term, str):
+                    raise TypeError(f"miss({word!r}) must return a str, got {type(term).__name__}")
+                cache[word] = term
+            if term:
+                out.append(term)
+    finally:
+        _release(&tb)
     return out
 
 
