@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import re._constants as _c  # sre's parse-tree opcodes
 import re._parser as _parser
+from collections.abc import Iterator
 
 # Every non-ASCII character that an IGNORECASE pattern matches as an ASCII letter (tests check the
 # whole of Unicode), with the letter it matches.
@@ -134,10 +135,16 @@ class GatedPattern:
         self._icase = bool(rx.flags & re.IGNORECASE)
 
     def may_match(self, text: str, low: str | None = None) -> bool:
-        """Whether `text` passes the gates; `low` is folded(text) where the caller has it."""
+        """Whether `text` passes the gates (an ASCII text is not read for a pattern it cannot match);
+        `low` is folded(text) where the caller has it."""
+        if not self.ascii_ok and text.isascii():
+            return False
         if self._icase:
             text = folded(text) if low is None else low
         return passes(self.gates, text)
 
     def search(self, text: str, low: str | None = None) -> re.Match[str] | None:
         return self.rx.search(text) if self.may_match(text, low) else None
+
+    def finditer(self, text: str, low: str | None = None) -> Iterator[re.Match[str]]:
+        return self.rx.finditer(text) if self.may_match(text, low) else iter(())

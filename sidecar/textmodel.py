@@ -216,22 +216,16 @@ _NAMESPACE_RE = re.compile(
 
 # Each pattern behind the literals its matches need (most sentences hold none), and the service and IP
 # patterns behind the character they cannot match without ("-" or "_"; a digit).
-_GATED = {rx: GatedPattern(rx) for rx in (_ENV_STRONG_RE, _ENV_WEAK_RE, _ENV_CN_RE, _HOST_RE, _NAMESPACE_RE)}
-_DIGIT_RE = re.compile(r"\d")
-
-
-def _matches(rx: re.Pattern[str], text: str, low: str) -> Iterator[re.Match[str]]:
-    """rx.finditer(text), skipped where rx's gates rule a match out (low: folded(text))."""
-    gated = _GATED[rx]
-    if (gated.ascii_ok or not text.isascii()) and gated.may_match(text, low):
-        yield from rx.finditer(text)
+_ENV_STRONG, _ENV_WEAK, _ENV_CN, _HOST, _NAMESPACE = (
+    GatedPattern(rx) for rx in (_ENV_STRONG_RE, _ENV_WEAK_RE, _ENV_CN_RE, _HOST_RE, _NAMESPACE_RE))
+DIGIT_RE = re.compile(r"\d")
 
 
 def find_environments(text: str) -> list[str]:
     low = folded(text)
-    found: list[str] = [m.group(1).lower() for m in _matches(_ENV_STRONG_RE, text, low)]
-    found += [m.group(1).lower() for m in _matches(_ENV_WEAK_RE, text, low)]
-    found += [m.group(1) or m.group(2) for m in _matches(_ENV_CN_RE, text, low)]
+    found: list[str] = [m.group(1).lower() for m in _ENV_STRONG.finditer(text, low)]
+    found += [m.group(1).lower() for m in _ENV_WEAK.finditer(text, low)]
+    found += [m.group(1) or m.group(2) for m in _ENV_CN.finditer(text, low)]
     return list(dict.fromkeys(found))
 
 
@@ -242,7 +236,7 @@ def find_services(text: str) -> list[str]:
         for m in (_SERVICE_RE.finditer(text) if "-" in text or "_" in text else ())
         if any(p in _SERVICE_PARTS for p in re.split(r"[-_]", m.group().lower()))
     ]
-    found += [(m.group(1) or m.group(2)).lower() for m in _matches(_NAMESPACE_RE, text, folded(text))]
+    found += [(m.group(1) or m.group(2)).lower() for m in _NAMESPACE.finditer(text)]
     return list(dict.fromkeys(found))
 
 
@@ -253,6 +247,6 @@ def find_entities(text: str) -> list[str]:
     returned name can be found verbatim in the text it came from.
     """
     found = find_environments(text) + find_services(text)
-    found += [m.group().lower() for m in _matches(_HOST_RE, text, folded(text))]
-    found += [m.group() for m in (_IP_RE.finditer(text) if _DIGIT_RE.search(text) else ())]
+    found += [m.group().lower() for m in _HOST.finditer(text)]
+    found += [m.group() for m in (_IP_RE.finditer(text) if DIGIT_RE.search(text) else ())]
     return list(dict.fromkeys(found))

@@ -180,10 +180,11 @@ def test_long_sentence_is_clipped_but_keeps_entities() -> None:
 @given(st.data())
 def test_every_number_the_summary_scores_holds_a_digit(data):
     # _score reads _NUMBER only where a digit stands: each of its alternatives needs one.
-    from sidecar.compress.summarize import _DIGIT_RE, _NUMBER
+    from sidecar.compress.summarize import _NUMBER
+    from sidecar.textmodel import DIGIT_RE
 
     match = data.draw(st.from_regex(_NUMBER.rx))
-    assert _DIGIT_RE.search(match)
+    assert DIGIT_RE.search(match)
 
 
 _ENTITY_PIECES = ["prod", "PROD", "production", "staging", "pre-prod", "uat", "test", "dev", "env", "cluster", " db",

@@ -26,6 +26,7 @@ from sidecar.caseless import CaselessPattern
 from sidecar.llm import ChatClient, LLMError
 from sidecar.secrets import redact
 from sidecar.textmodel import (
+    DIGIT_RE,
     Turn,
     find_entities,
     find_environments,
@@ -45,8 +46,7 @@ _DECISION = CaselessPattern(re.compile(
     re.I,
 ))
 # Under IGNORECASE [a-z] is any letter [A-Z] would be ("JIRA-12" and "jira-12" alike). Every
-# alternative holds a digit: a sentence without one is not read again.
-_DIGIT_RE = re.compile(r"\d")
+# alternative holds a digit: a sentence without one is not read again (DIGIT_RE).
 _NUMBER = CaselessPattern(re.compile(
     r"\d+(?:\.\d+)?\s*(?:ms|s|sec|secs|seconds?|mins?|minutes?|h|hrs?|hours?|days?|%|[kmgt]i?b|qps|rps|"
     r"req/s|cores?|pods?|replicas?|nodes?|毫秒|秒|分钟|小时|天|次|个|台|条)(?![a-z])|"
@@ -99,7 +99,7 @@ def _score(sentence: str, entities: Sequence[str], role: str) -> float:
     if _DECISION.found(sentence):
         value += 3.0
     value += 2.0 * min(len(entities), 2)
-    if _DIGIT_RE.search(sentence) and _NUMBER.found(sentence):
+    if DIGIT_RE.search(sentence) and _NUMBER.found(sentence):
         value += 1.0
     if _ERROR.found(sentence):
         value += 1.0
