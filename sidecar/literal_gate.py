@@ -129,7 +129,6 @@ class GatedPattern:
 
     def __init__(self, rx: re.Pattern[str]) -> None:
         self.rx = rx
-        self.literals = necessary_literals(rx)
         self.gates = necessary_literal_sets(rx)
         self.ascii_ok = can_match_ascii(self.gates)  # may an ASCII text match at all
         self._icase = bool(rx.flags & re.IGNORECASE)

@@ -75,7 +75,7 @@ def test_a_pattern_needing_a_non_ascii_literal_cannot_match_ascii_text():
 
 @pytest.mark.parametrize("name", sorted(GUARDED))
 def test_every_guarded_pattern_has_a_gate(name):
-    assert GatedPattern(GUARDED[name]).literals
+    assert GatedPattern(GUARDED[name]).gates
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
