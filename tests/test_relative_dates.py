@@ -11,7 +11,8 @@ import pytest
 
 from sidecar.api import context_service_pb2 as pb
 from sidecar.memory.episodic import DEFAULT_RANKING
-from sidecar.memory.episodic.relative_dates import relative_spans
+from sidecar.memory.episodic.relative_dates import relative_dates, relative_spans
+from sidecar.memory.episodic.terms import terms
 from tests.grpc_assert import expect_status
 from tests.test_episodic import DAY_MS, _index
 
@@ -50,6 +51,18 @@ def _dates(query: str, asked_ms: int = ASKED_MS) -> list[tuple[str, str]]:
 ])
 def test_relative_dates_resolve_against_the_time_of_asking(query, spans):
     assert _dates(query) == spans
+
+
+@pytest.mark.parametrize(("query", "left"), [
+    ("What did I cook two weeks ago?", ["cook"]),
+    ("I mentioned cooking something for my friend a couple of days ago. What was it?",
+     ["ment", "cook", "someth", "friend"]),
+    ("How many times did I bake in the past two weeks?", ["many", "tim", "bak"]),
+    ("two weeks ago, and last Saturday I met Sam", ["meet", "sam"]),
+    ("How many days ago did I attend the service?", ["many", "day", "ago", "attend", "servic"]),  # no date named
+])
+def test_the_words_naming_a_relative_time_come_out_of_the_query(query, left):
+    assert terms(relative_dates(query, ASKED_MS).without_phrases(query)) == left
 
 
 def test_a_span_never_runs_past_the_time_of_asking():
@@ -98,6 +111,37 @@ def test_build_context_reads_relative_dates_from_asked_at(stub, scope):
     assert "kettle" in first_recalled("What did I buy for the kitchen two months ago?", ASKED_MS)
     assert "toaster" in first_recalled("What did I buy for the kitchen a month ago?", ASKED_MS)
     assert "blender" in first_recalled("What did I buy for the kitchen?", ASKED_MS)  # no time named: the newest
+
+
+def test_a_relative_time_is_read_as_days_not_as_words_where_turns_were_told_then(stub, scope):
+    """"A couple of days ago" names a day, not a couple: where turns were told then, the date prior
+    finds them and the phrase's words rank nothing; where none were, its words are all there is."""
+    asked_day = ASKED_MS // DAY_MS
+
+    def told(days_ago: int, text: str) -> pb.ImportedSession:
+        at = (asked_day - days_ago) * DAY_MS + 3_600_000
+        return pb.ImportedSession(session_id=f"d{days_ago}", closed=True, messages=[
+            pb.NewMessage(role=pb.ROLE_USER, text=text, client_timestamp_ms=at),
+            pb.NewMessage(role=pb.ROLE_ASSISTANT, text="That is lovely to hear.", client_timestamp_ms=at + 1000)])
+
+    stub.ImportSessions(pb.ImportSessionsRequest(scope=scope, sessions=[
+        told(40, "We have been a couple for a few days now, and days ago we said so."),
+        told(20, "I repainted the fence in the garden."),
+        told(2, "I baked banana bread for my friend's dinner party.")]))
+
+    def first_recalled(asked_at_ms: int) -> str:
+        asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+        budget = pb.Budget(max_input=200, reserved_for_output=0, system_and_tools=0, session_state=0,
+                           recent_messages=0, memories=60, rag_or_graph=0, tool_observations=0, flow_unused=True)
+        resp = stub.BuildContext(pb.BuildContextRequest(
+            scope=scope, session_id=asking, budget=budget, asked_at_ms=asked_at_ms,
+            query="I mentioned cooking something for my friend a couple of days ago. What was it?"))
+        turns = [it for s in resp.sections for it in s.items if it.source.startswith("message:")]
+        return max(turns, key=lambda it: it.score).text
+
+    assert "banana bread" in first_recalled(ASKED_MS)
+    # Asked a year later: no turn was told a couple of days before, so the phrase's words are matched.
+    assert "couple" in first_recalled(ASKED_MS + 365 * DAY_MS)
 
 
 @pytest.mark.parametrize("at", [-1, 253_402_300_800_000, 2**62])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from typing import NamedTuple
 
 from sidecar.memory.episodic.dates import _EPOCH, utc_day
 
@@ -31,11 +32,34 @@ _DAY_RE = re.compile(r"\b(?P<what>the\s+day\s+before\s+yesterday|yesterday|today
 _HINT_RE = re.compile(r"\b(?:ago|past|last|previous|this|yesterday|today|morning|tonight)\b", re.I)
 
 
+class RelativeDates(NamedTuple):
+    """What a query names relative to its asking: the spans of days, and where it says them."""
+
+    spans: tuple[tuple[int, int], ...]  # (first, last) days since the epoch (UTC), in the order found
+    phrases: tuple[tuple[int, int], ...]  # (start, end) in the query of the words that name each span
+
+    def without_phrases(self, query: str) -> str:
+        """The query with the words naming these times taken out ("What did I cook two weeks ago?" ->
+        "What did I cook ?"): once the date prior lifts the turns told then, "two", "week" and "ago"
+        say nothing of what was asked, and "a couple of days" is no couple."""
+        for start, end in sorted(self.phrases, reverse=True):
+            query = f"{query[:start]} {query[end:]}"
+        return query
+
+
+NO_RELATIVE_DATES = RelativeDates((), ())
+
+
 def relative_spans(query: str, asked_at_ms: int) -> tuple[tuple[int, int], ...]:
     """(first, last) days since the epoch (UTC) of each time the query names relative to the time of
     asking, in the order found."""
+    return relative_dates(query, asked_at_ms).spans
+
+
+def relative_dates(query: str, asked_at_ms: int) -> RelativeDates:
+    """The times the query names relative to the time of asking, and where it names them."""
     if not _HINT_RE.search(query):
-        return ()
+        return NO_RELATIVE_DATES
     today = utc_day(asked_at_ms).date()
     spans: list[tuple[dt.date, dt.date]] = []
     taken: list[tuple[int, int]] = []  # character spans already read (the longest reading wins)
@@ -69,7 +93,7 @@ def relative_spans(query: str, asked_at_ms: int) -> tuple[tuple[int, int], ...]:
         what = " ".join(m.group("what").lower().split())
         back = 2 if what.endswith("before yesterday") else 1 if what == "yesterday" else 0
         add(m, today - dt.timedelta(days=back), today - dt.timedelta(days=back))
-    return tuple((a.toordinal() - _EPOCH, b.toordinal() - _EPOCH) for a, b in spans)
+    return RelativeDates(tuple((a.toordinal() - _EPOCH, b.toordinal() - _EPOCH) for a, b in spans), tuple(taken))
 
 
 def _count(word: str) -> int:

@@ -33,7 +33,7 @@ from sidecar.memory.episodic.expansion import _stem_vectors, precompute_similar
 from sidecar.memory.episodic.index import INDEXED_ROLES, _pick, _UserIndex
 from sidecar.memory.episodic.passages import best_passage, passage_cap, pieces
 from sidecar.memory.episodic.ranking import DEFAULT_RANKING, MODEL_RANKING, Ranking, _index_knobs
-from sidecar.memory.episodic.relative_dates import relative_spans
+from sidecar.memory.episodic.relative_dates import RelativeDates, relative_dates
 from sidecar.memory.episodic.scoring import _best_first
 from sidecar.memory.episodic.snapshots import (
     MAX_SNAPSHOT_BYTES,
@@ -48,7 +48,7 @@ from sidecar.memory.episodic.snapshots import (
     store_identity,
     write_mark,
 )
-from sidecar.memory.episodic.terms import _WORD_RE, names_pattern
+from sidecar.memory.episodic.terms import _WORD_RE, names_pattern, terms
 from sidecar.memory.recall import SupersededTurn
 from sidecar.store.records import SessionImport
 from sidecar.tokens import count_line
@@ -433,7 +433,7 @@ class EpisodicSource:
                query_embedding: np.ndarray | None = None,
                relative: tuple[tuple[int, int], ...] = ()) -> tuple[_UserIndex, np.ndarray, np.ndarray]:
         """(index, rows best first, their relevance in (0, 1]) worth about budget * candidate_factor
-        tokens; `relative`: the days the query names relative to its asking (relative_spans)."""
+        tokens; `relative`: the days the query names relative to its asking (relative_dates)."""
         r = self.ranking
         given = self._given(query_embedding)
         key = (scope.tenant_id, scope.user_id)
@@ -481,6 +481,16 @@ class EpisodicSource:
         keep = int(np.searchsorted(cum, max(budget_tokens, 1) * r.candidate_factor, side="right")) + 1
         return state, order[:keep], best[:keep] / best[0]
 
+    def _topic(self, state: _UserIndex, query: str, dates: RelativeDates) -> str:
+        """What the query is ranked by: without the words of the times it names relative to its asking
+        where turns were told then (the date prior lifts those), so "a couple of days ago" matches no
+        turn about a couple; as asked where none were (its words are all there is to go on), where
+        nothing else is left, or where the ranking has no date prior."""
+        if not dates.spans or not self.ranking.relative_boost or not state._told_near(dates.spans, self.ranking).any():
+            return query
+        rest = dates.without_phrases(query)
+        return rest if terms(rest) else query
+
     def _given(self, query_embedding: np.ndarray | None) -> bool:
         """Whether the client's query vector is used (it is in a model's space, and of its size)."""
         return self.takes_client_vectors and client_vector_of(query_embedding, self.dim) is not None
@@ -503,7 +513,13 @@ class EpisodicSource:
         """What search() will embed for this call (see ContextBuilder.query_embedder)."""
         if not self._searches(inp):
             return []
-        text = self._query_text((inp.scope.tenant_id, inp.scope.user_id), inp.query, self._given(inp.query_embedding))
+        key, query = (inp.scope.tenant_id, inp.scope.user_id), inp.query
+        if (dates := relative_dates(query, inp.asked_at_ms)).spans:
+            known = self._users.get(key)  # a peek: a user not loaded yet has its query embedded by search()
+            if known is None:
+                return []
+            query = self._topic(known, query, dates)
+        text = self._query_text(key, query, self._given(inp.query_embedding))
         return [text] if text is not None else []
 
     def candidates(self, inp: BuildInput) -> list[CandidateBatch]:
@@ -511,9 +527,10 @@ class EpisodicSource:
         budget = inp.budget.memories + (inp.budget.recent_messages if inp.budget.flow_unused else 0)
         if not self._searches(inp):
             return [batch]
-        relative = relative_spans(inp.query, inp.asked_at_ms)
-        state, rows, relevance = self.search(inp.scope, inp.query, inp.view.session.session_id, budget,
-                                             inp.query_embedding, relative)
+        dates = relative_dates(inp.query, inp.asked_at_ms)
+        query = self._topic(self._user(inp.scope), inp.query, dates) if dates.spans else inp.query
+        state, rows, relevance = self.search(inp.scope, query, inp.view.session.session_id, budget,
+                                             inp.query_embedding, dates.spans)
         if not len(rows):
             return [batch]
         row_list = rows.tolist()
@@ -531,7 +548,7 @@ class EpisodicSource:
         batch.simhashes = state.simhash[rows]
         cap = passage_cap(budget, self.ranking.passage_share, self.ranking.passage_min)
         if cap and int(batch.tokens.max()) > cap:
-            self._cut_long(state, batch, row_list, inp.query, budget, cap)
+            self._cut_long(state, batch, row_list, query, budget, cap)
         marks = self.superseded_turns(inp.scope) if self.superseded_turns is not None else {}
         if marks:
             self._mark_superseded(state, batch, row_list, marks)
@@ -540,7 +557,7 @@ class EpisodicSource:
         batch.meta = partial(_turn_meta, state, row_list, headers, batch.order)
         # A question naming a day, or a time relative to its asking, asks about then: the newest
         # telling of a thing is not the one it wants first.
-        if self.ranking.update_min > 0 and not (relative or query_days(inp.query)):
+        if self.ranking.update_min > 0 and not (dates.spans or query_days(inp.query)):
             batch.rescore = partial(_newer_first, state, inp.query, rows, len(headers), self.ranking, self._lock)
         if not inp.counter.stored:  # another tokenizer: every item (turn, marked turn, day) is a line counted in it
             batch.tokens = np.array([inp.counter.line(t) for t in batch.texts], np.int32)
