@@ -65,6 +65,16 @@ def test_the_words_naming_a_relative_time_come_out_of_the_query(query, left):
     assert terms(relative_dates(query, ASKED_MS).without_phrases(query)) == left
 
 
+def test_a_long_query_naming_thousands_of_times_is_read_whole():
+    """Valid but hostile: a pasted log of "yesterday"s. Every phrase is found once (the overlap check
+    bisects the phrases read so far), each distinct span is kept once, and all the words go."""
+    query = "What did I cook yesterday, two weeks ago and in the past two weeks? " * 5000
+    dates = relative_dates(query, ASKED_MS)
+    assert len(dates.phrases) == 15_000 and len(dates.spans) == 3
+    assert all(a[1] <= b[0] for a, b in zip(dates.phrases, dates.phrases[1:], strict=False))
+    assert set(terms(dates.without_phrases(query))) == {"cook"}
+
+
 def test_a_span_never_runs_past_the_time_of_asking():
     sunday = int(dt.datetime(2023, 5, 28, 9, 0, tzinfo=dt.UTC).timestamp() * 1000)
     assert _dates("What did I do this week?", sunday) == [("2023-05-22", "2023-05-28")]
@@ -140,6 +150,13 @@ def test_a_relative_time_is_read_as_days_not_as_words_where_turns_were_told_then
         return max(turns, key=lambda it: it.score).text
 
     assert "banana bread" in first_recalled(ASKED_MS)
+    asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    hostile = "what did I bake a couple of days ago? " * 6000  # ~230 KB of phrases: answered whole
+    room = pb.Budget(max_input=120_000, reserved_for_output=0, system_and_tools=0, session_state=0,
+                     recent_messages=0, memories=500, rag_or_graph=0, tool_observations=0, flow_unused=True)
+    resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking, query=hostile, budget=room,
+                                                    asked_at_ms=ASKED_MS, render=pb.RENDER_MODE_TEXT))
+    assert "banana bread" in resp.rendered_text
     # Asked a year later: no turn was told a couple of days before, so the phrase's words are matched.
     assert "couple" in first_recalled(ASKED_MS + 365 * DAY_MS)
 

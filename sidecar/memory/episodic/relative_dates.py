@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from bisect import bisect_left
 from typing import NamedTuple
 
 from sidecar.memory.episodic.dates import _EPOCH, utc_day
@@ -35,16 +36,19 @@ _HINT_RE = re.compile(r"\b(?:ago|past|last|previous|this|yesterday|today|morning
 class RelativeDates(NamedTuple):
     """What a query names relative to its asking: the spans of days, and where it says them."""
 
-    spans: tuple[tuple[int, int], ...]  # (first, last) days since the epoch (UTC), in the order found
-    phrases: tuple[tuple[int, int], ...]  # (start, end) in the query of the words that name each span
+    spans: tuple[tuple[int, int], ...]  # (first, last) days since the epoch (UTC), distinct, in the order found
+    phrases: tuple[tuple[int, int], ...]  # (start, end) of the words naming them in the query, in its order
 
     def without_phrases(self, query: str) -> str:
         """The query with the words naming these times taken out ("What did I cook two weeks ago?" ->
-        "What did I cook ?"): once the date prior lifts the turns told then, "two", "week" and "ago"
+        "What did I cook  ?"): once the date prior lifts the turns told then, "two", "week" and "ago"
         say nothing of what was asked, and "a couple of days" is no couple."""
-        for start, end in sorted(self.phrases, reverse=True):
-            query = f"{query[:start]} {query[end:]}"
-        return query
+        kept, at = [], 0
+        for start, end in self.phrases:
+            kept.append(query[at:start])
+            at = end
+        kept.append(query[at:])
+        return " ".join(kept)
 
 
 NO_RELATIVE_DATES = RelativeDates((), ())
@@ -61,14 +65,20 @@ def relative_dates(query: str, asked_at_ms: int) -> RelativeDates:
     if not _HINT_RE.search(query):
         return NO_RELATIVE_DATES
     today = utc_day(asked_at_ms).date()
-    spans: list[tuple[dt.date, dt.date]] = []
-    taken: list[tuple[int, int]] = []  # character spans already read (the longest reading wins)
+    spans: dict[tuple[dt.date, dt.date], None] = {}
+    # The character spans already read, disjoint and in order (so also by end): the longest reading
+    # wins. Found by bisection, as a long query may name thousands.
+    taken: list[tuple[int, int]] = []
+    starts: list[int] = []
 
     def add(m: re.Match[str], first: dt.date, last: dt.date) -> None:
-        if any(a < m.end() and m.start() < b for a, b in taken):
+        start, end = m.span()
+        at = bisect_left(starts, end)  # the spans starting before this one ends
+        if at and taken[at - 1][1] > start:  # the last of them ends furthest: it overlaps, if any does
             return
-        taken.append(m.span())
-        spans.append((min(first, today), min(last, today)))
+        taken.insert(at, (start, end))
+        starts.insert(at, start)
+        spans[min(first, today), min(last, today)] = None
 
     for m in _AGO_RE.finditer(query):
         n, unit = _count(m.group("n")), _UNIT_DAYS[m.group("unit").lower()]
