@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -1006,3 +1007,30 @@ def test_voice_and_capitalised_answer_as_their_plain_patterns(text):
     assert voice(text) == (own > other) - (other > own)
     plain = re.compile(r"(?<![.!?]\s)(?<![.!?]\s\")(?<!^)\b[A-Z][a-z]+")
     assert capitalised(text) == tuple(dict.fromkeys(w.lower() for w in plain.findall(text)))
+
+
+def test_a_recalled_turn_gets_no_bonus_for_being_recent(stub, scope):
+    """What is recalled from past sessions is what the ranking puts first: yesterday's passing mention
+    is not lifted over last month's answer by its age, as the builder's recency bonus (up to 0.5 on
+    relevance in (0, 1]) would have done for a live user."""
+    day_ms = 86_400_000
+    now = int(time.time() * 1000)
+
+    def told(days_ago: int, text: str) -> pb.ImportedSession:
+        at = now - days_ago * day_ms
+        return pb.ImportedSession(session_id=f"d{days_ago}", closed=True, messages=[
+            pb.NewMessage(role=pb.ROLE_USER, text=text, client_timestamp_ms=at),
+            pb.NewMessage(role=pb.ROLE_ASSISTANT, text="Thanks for telling me.", client_timestamp_ms=at + 1000)])
+
+    stub.ImportSessions(pb.ImportSessionsRequest(scope=scope, sessions=[
+        told(30, "My doctor recommended chamomile tea before bed for my sleep."),
+        told(1, "My doctor recommended some sleep and tea, so I will try.")]))
+    asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    budget = pb.Budget(max_input=200, reserved_for_output=0, system_and_tools=0, session_state=0,
+                       recent_messages=0, memories=24, rag_or_graph=0, tool_observations=0, flow_unused=True)
+    resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking, budget=budget, debug=True,
+                                                    query="Which tea did my doctor recommend for my sleep?"))
+    turns = [it for s in resp.sections for it in s.items if it.source.startswith("message:")]
+    assert [it.text for it in turns] == ["user: My doctor recommended chamomile tea before bed for my sleep."]
+    passing = [d for d in resp.dropped if d.source.startswith("message:")]  # yesterday's, left out for room
+    assert passing and all(d.score < turns[0].score for d in passing)

@@ -534,7 +534,6 @@ class EpisodicSource:
         if not len(rows):
             return [batch]
         row_list = rows.tolist()
-        age = np.maximum(inp.now_ms - state.timestamps[rows], 0) / 1000.0
         # Packed turns read as a timeline: order by time, then by sequence inside a session.
         keys = state.timestamps[rows].astype(np.float64) * 1000.0 + state.seqs[rows] % 1000
         batch.texts = _pick(state.texts, row_list)
@@ -543,7 +542,10 @@ class EpisodicSource:
         batch.order = keys
         batch.tokens = state.tokens[rows]
         batch.relevance = relevance
-        batch.age_s = age
+        # No recency bonus: which past turn is recalled is the ranking's to say (its date priors, and
+        # a newer telling of a thing above an older one), and a bonus for last week's turns would
+        # outweigh the relevance of last month's in a live user's recall.
+        batch.age_s = np.full(len(rows), np.inf)
         batch.exact_keys = state.exact[rows]
         batch.simhashes = state.simhash[rows]
         cap = passage_cap(budget, self.ranking.passage_share, self.ranking.passage_min)
