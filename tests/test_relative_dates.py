@@ -94,62 +94,48 @@ def test_turns_told_then_rank_first():
     assert flat[2] == pytest.approx(flat[0])
 
 
+def _told(days_ago: int, text: str) -> pb.ImportedSession:
+    """A session of one user turn and its reply, that many days before the time of asking."""
+    at = (ASKED_MS // DAY_MS - days_ago) * DAY_MS + 3_600_000
+    return pb.ImportedSession(session_id=f"d{days_ago}", closed=True, messages=[
+        pb.NewMessage(role=pb.ROLE_USER, text=text, client_timestamp_ms=at),
+        pb.NewMessage(role=pb.ROLE_ASSISTANT, text="Nice, enjoy it!", client_timestamp_ms=at + 1000)])
+
+
+def _first_recalled(stub, scope, query: str, asked_at_ms: int) -> str:
+    """The text of the best-scored past turn the query recalls under a budget of about two turns."""
+    asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id  # a question a session
+    budget = pb.Budget(max_input=200, reserved_for_output=0, system_and_tools=0, session_state=0,
+                       recent_messages=0, memories=60, rag_or_graph=0, tool_observations=0, flow_unused=True)
+    resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking, query=query, budget=budget,
+                                                    asked_at_ms=asked_at_ms))
+    turns = [it for s in resp.sections for it in s.items if it.source.startswith("message:")]
+    return max(turns, key=lambda it: it.score).text
+
+
 def test_build_context_reads_relative_dates_from_asked_at(stub, scope):
-    asked_day = ASKED_MS // DAY_MS
-
-    def told(days_ago: int, text: str) -> pb.ImportedSession:
-        at = (asked_day - days_ago) * DAY_MS + 3_600_000
-        return pb.ImportedSession(session_id=f"d{days_ago}", closed=True, messages=[
-            pb.NewMessage(role=pb.ROLE_USER, text=text, client_timestamp_ms=at),
-            pb.NewMessage(role=pb.ROLE_ASSISTANT, text="Nice, enjoy it!", client_timestamp_ms=at + 1000)])
-
     stub.ImportSessions(pb.ImportSessionsRequest(scope=scope, sessions=[
-        told(60, "I bought a new kettle for the kitchen."),
-        told(30, "I bought a new toaster for the kitchen."),
-        told(10, "I bought a new blender for the kitchen.")]))
-
-    def first_recalled(query: str, asked_at_ms: int) -> str:
-        asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id  # a question a session
-        budget = pb.Budget(max_input=200, reserved_for_output=0, system_and_tools=0, session_state=0,
-                           recent_messages=0, memories=60, rag_or_graph=0, tool_observations=0, flow_unused=True)
-        resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking, query=query, budget=budget,
-                                                        asked_at_ms=asked_at_ms))
-        turns = [it for s in resp.sections for it in s.items if it.source.startswith("message:")]
-        return max(turns, key=lambda it: it.score).text
-
-    assert "blender" in first_recalled("What did I buy for the kitchen 10 days ago?", ASKED_MS)
-    assert "kettle" in first_recalled("What did I buy for the kitchen two months ago?", ASKED_MS)
-    assert "toaster" in first_recalled("What did I buy for the kitchen a month ago?", ASKED_MS)
-    assert "blender" in first_recalled("What did I buy for the kitchen?", ASKED_MS)  # no time named: the newest
+        _told(60, "I bought a new kettle for the kitchen."),
+        _told(30, "I bought a new toaster for the kitchen."),
+        _told(10, "I bought a new blender for the kitchen.")]))
+    first = lambda query: _first_recalled(stub, scope, query, ASKED_MS)  # noqa: E731
+    assert "blender" in first("What did I buy for the kitchen 10 days ago?")
+    assert "kettle" in first("What did I buy for the kitchen two months ago?")
+    assert "toaster" in first("What did I buy for the kitchen a month ago?")
+    assert "blender" in first("What did I buy for the kitchen?")  # no time named: the newest
 
 
 def test_a_relative_time_is_read_as_days_not_as_words_where_turns_were_told_then(stub, scope):
     """"A couple of days ago" names a day, not a couple: where turns were told then, the date prior
     finds them and the phrase's words rank nothing; where none were, its words are all there is."""
-    asked_day = ASKED_MS // DAY_MS
-
-    def told(days_ago: int, text: str) -> pb.ImportedSession:
-        at = (asked_day - days_ago) * DAY_MS + 3_600_000
-        return pb.ImportedSession(session_id=f"d{days_ago}", closed=True, messages=[
-            pb.NewMessage(role=pb.ROLE_USER, text=text, client_timestamp_ms=at),
-            pb.NewMessage(role=pb.ROLE_ASSISTANT, text="That is lovely to hear.", client_timestamp_ms=at + 1000)])
-
     stub.ImportSessions(pb.ImportSessionsRequest(scope=scope, sessions=[
-        told(40, "We have been a couple for a few days now, and days ago we said so."),
-        told(20, "I repainted the fence in the garden."),
-        told(2, "I baked banana bread for my friend's dinner party.")]))
-
-    def first_recalled(asked_at_ms: int) -> str:
-        asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
-        budget = pb.Budget(max_input=200, reserved_for_output=0, system_and_tools=0, session_state=0,
-                           recent_messages=0, memories=60, rag_or_graph=0, tool_observations=0, flow_unused=True)
-        resp = stub.BuildContext(pb.BuildContextRequest(
-            scope=scope, session_id=asking, budget=budget, asked_at_ms=asked_at_ms,
-            query="I mentioned cooking something for my friend a couple of days ago. What was it?"))
-        turns = [it for s in resp.sections for it in s.items if it.source.startswith("message:")]
-        return max(turns, key=lambda it: it.score).text
-
-    assert "banana bread" in first_recalled(ASKED_MS)
+        _told(40, "We have been a couple for a few days now, and days ago we said so."),
+        _told(20, "I repainted the fence in the garden."),
+        _told(2, "I baked banana bread for my friend's dinner party.")]))
+    query = "I mentioned cooking something for my friend a couple of days ago. What was it?"
+    assert "banana bread" in _first_recalled(stub, scope, query, ASKED_MS)
+    # Asked a year later: no turn was told a couple of days before, so the phrase's words are matched.
+    assert "couple" in _first_recalled(stub, scope, query, ASKED_MS + 365 * DAY_MS)
     asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
     hostile = "what did I bake a couple of days ago? " * 6000  # ~230 KB of phrases: answered whole
     room = pb.Budget(max_input=120_000, reserved_for_output=0, system_and_tools=0, session_state=0,
@@ -157,8 +143,6 @@ def test_a_relative_time_is_read_as_days_not_as_words_where_turns_were_told_then
     resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking, query=hostile, budget=room,
                                                     asked_at_ms=ASKED_MS, render=pb.RENDER_MODE_TEXT))
     assert "banana bread" in resp.rendered_text
-    # Asked a year later: no turn was told a couple of days before, so the phrase's words are matched.
-    assert "couple" in first_recalled(ASKED_MS + 365 * DAY_MS)
 
 
 @pytest.mark.parametrize("at", [-1, 253_402_300_800_000, 2**62])
