@@ -60,6 +60,7 @@ INGEST_MODES = {"turn": "CommitTurn per turn", "session": "CommitTurn per sessio
                 "import": "ImportSessions of each user's history"}
 IMPORT_MESSAGES = 10_000  # ImportSessions takes this many messages per call (sidecar.services.limits)
 TURN_GAP_MS = 1000  # a session's turns one second apart: their timestamps keep their order
+DAY_MS = 86_400_000
 METHODS = ("ours", "bm25", "recency")
 _EVIDENCE_RE = re.compile(r"^D:?(\d+):0*(\d+)$")
 _SESSION_KEY_RE = re.compile(r"^session_(\d+)$")
@@ -717,9 +718,12 @@ def parse_ranking(spec: str, base=DEFAULT_RANKING):
 
 
 def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[str, str]],
-                     budgets: Sequence[int] = BUDGETS, ranking=None) -> dict:
+                     budgets: Sequence[int] = BUDGETS, ranking=None, live: bool = False) -> dict:
     """The metric of evaluate() (ours only) with BuildContext called in process (no gRPC), for tuning;
-    `ranking` (a Ranking) replaces the episodic source's knobs (EpisodicSource.set_ranking)."""
+    `ranking` (a Ranking) replaces the episodic source's knobs (EpisodicSource.set_ranking). `live`:
+    each question asked with the builder's clock at its time of asking, as a live sidecar would see
+    it (the turns days old, not years); a LoCoMo question, which has none, a day after the
+    conversation's last turn."""
     from sidecar.assembly.budget import Budget
     from sidecar.assembly.builder import BuildRequest
     from sidecar.domain import Scope
@@ -730,27 +734,35 @@ def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[st
     board = Board()
     spent: list[float] = []
     per_question: dict[int, list[float]] = {b: [] for b in budgets}
-    for conv in convs:
-        scope = Scope(conv.tenant, conv.user_id)
-        by_message = maps[conv.index]
-        session_of = conv.session_of()
-        source.search(scope, "warm up", "eval", 1)  # the index build is not a query's cost
-        for q in conv.questions:
-            hard = count_tokens(q.text)
-            for b in budgets:
-                budget = Budget(max_input=b + hard + SOFT_HEADER_RESERVE, reserved_for_output=0, system_and_tools=0,
-                                session_state=0, recent_messages=0, memories=b, rag_or_graph=0,
-                                tool_observations=0, flow_unused=True)
-                t = time.perf_counter()
-                result = app.builder.build(scope, BuildRequest(session_id="eval", query=q.text, budget=budget,
-                                                               asked_at_ms=q.asked_at_ms))
-                spent.append(time.perf_counter() - t)
-                items = [it for section in result.packed for it in section.build_items()]
-                scores = evidence_scores(items, by_message)
-                present = set(scores)
-                board.add("ours", conv, q, b, present, session_of)
-                board.add_update_order(q, b, scores)
-                per_question[b].append(sum(e in present for e in q.evidence) / len(q.evidence))
+    clock = app.builder.clock
+    try:
+        for conv in convs:
+            scope = Scope(conv.tenant, conv.user_id)
+            by_message = maps[conv.index]
+            session_of = conv.session_of()
+            source.search(scope, "warm up", "eval", 1)  # the index build is not a query's cost
+            last_turn = max(t.timestamp_ms for t in conv.turns())
+            for q in conv.questions:
+                asked_at = q.asked_at_ms or (last_turn + DAY_MS if live else 0)
+                if live:
+                    app.builder.clock = lambda asked_at=asked_at: asked_at
+                hard = count_tokens(q.text)
+                for b in budgets:
+                    budget = Budget(max_input=b + hard + SOFT_HEADER_RESERVE, reserved_for_output=0, system_and_tools=0,
+                                    session_state=0, recent_messages=0, memories=b, rag_or_graph=0,
+                                    tool_observations=0, flow_unused=True)
+                    t = time.perf_counter()
+                    result = app.builder.build(scope, BuildRequest(session_id="eval", query=q.text, budget=budget,
+                                                                   asked_at_ms=asked_at))
+                    spent.append(time.perf_counter() - t)
+                    items = [it for section in result.packed for it in section.build_items()]
+                    scores = evidence_scores(items, by_message)
+                    present = set(scores)
+                    board.add("ours", conv, q, b, present, session_of)
+                    board.add_update_order(q, b, scores)
+                    per_question[b].append(sum(e in present for e in q.evidence) / len(q.evidence))
+    finally:
+        app.builder.clock = clock
     return {**board.summary(budgets), "build_ms": percentiles(spent) if spent else {}, "per_question": per_question}
 
 
@@ -970,6 +982,9 @@ def main() -> None:
                         help="tuning: replay once into CACHE_DIR, then call BuildContext in process (no results written)")
     parser.add_argument("--keep", metavar="CACHE_DIR",
                         help="keep the replayed database in CACHE_DIR, where --offline finds it (one replay for both)")
+    parser.add_argument("--live", action="store_true",
+                        help="with --offline: ask each question at its time of asking with the server's clock "
+                             "there too (LoCoMo's a day after its last turn), as a live user's turns are days old")
     parser.add_argument("--ranking", action="append", default=[],
                         help="with --offline: episodic knobs, e.g. neighbours=3,dense_weight=0.1; given more than once, "
                              "each is evaluated and `best_of` says what picking the best of them per question would recall")
@@ -995,12 +1010,13 @@ def main() -> None:
         app, maps = offline_app(Path(args.offline), convs, args.profile)
         try:
             base = MODEL_RANKING if embedder in NEEDS else DEFAULT_RANKING
-            runs = [offline_evaluate(app, convs, maps, budgets, parse_ranking(spec, base)) for spec in args.ranking or [""]]
+            runs = [offline_evaluate(app, convs, maps, budgets, parse_ranking(spec, base), args.live)
+                    for spec in args.ranking or [""]]
         finally:
             app.close()
         for spec, run in zip(args.ranking, runs, strict=False):
             print(f"{spec or '(as shipped)'}: recall {run['recall']}")
-        totals = [{k: v for k, v in run.items() if k != "per_question"} for run in runs]
+        totals = [{**{k: v for k, v in run.items() if k != "per_question"}, "live": args.live} for run in runs]
         emit(totals[0] if len(runs) == 1 else
              {"rankings": dict(zip(args.ranking, totals, strict=True)), "best_of": best_of(runs)})
         return

@@ -231,6 +231,7 @@ class ContextBuilder:
         # The model the sources embed the query with, which keeps recent texts (MiniLMEmbedder): what they
         # will embed goes through it in one batch. None: the built-in embedder, for which a batch saves nothing.
         self.query_embedder = query_embedder
+        self.clock: Callable[[], int] = now_ms  # the time a call is built at (bench/recall.py --live sets it)
         self.prompts = PromptMemory()
         self.session_recall = SessionRecall()
         # What a session's kept recall depends on beyond the session itself: each part is called with the
@@ -259,7 +260,7 @@ class ContextBuilder:
                 + _pinned_hint(dict(hard)[Section.PINNED_CONSTRAINTS]))
         clock.lap("hard_zone")
 
-        now = now_ms()
+        now = self.clock()
         inp = BuildInput(scope=scope, view=view, run_id=req.run_id, query=req.query,
                          query_terms=frozenset(query_terms(req.query)), query_embedding=req.query_embedding, roles=req.roles,
                          budget=budget, now_ms=now, cache_aware=req.cache_aware, counter=counter,
