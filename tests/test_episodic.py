@@ -517,6 +517,14 @@ def test_offline_mode_matches_the_grpc_metric(tmp_path):
         narrowed = recall.offline_evaluate(app, convs, maps, (2000,), recall.parse_ranking("neighbours=2,stem=false"))
         assert app.episodic.ranking.neighbours == 2 and not app.episodic.ranking.stem
         assert narrowed["recall"]["2000"] == 1.0
+        # --live: each question asked, and the builder's clock read, a day after the last turn (LoCoMo
+        # gives no time of asking); the clock is the server's again afterwards.
+        clock, build, seen = app.builder.clock, app.builder.build, []
+        app.builder.build = lambda scope, req: (seen.append((app.builder.clock(), req.asked_at_ms)), build(scope, req))[1]
+        live = recall.offline_evaluate(app, convs, maps, (2000,), live=True)
+        asked = max(t.timestamp_ms for t in convs[0].turns()) + recall.DAY_MS
+        assert len(seen) == 3 and set(seen) == {(asked, asked)} and live["recall"]["2000"] == 1.0
+        assert app.builder.clock is clock
     finally:
         app.close()
     # The cache is reused: no second replay.
