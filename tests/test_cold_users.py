@@ -4,7 +4,6 @@ rows) gets exactly the BuildContext a user still in memory gets: the same items,
 from __future__ import annotations
 
 from sidecar.app import Sidecar
-from sidecar.assembly import builder
 from sidecar.assembly.builder import BuildRequest, BuildResult
 from sidecar.clock import now_ms
 from sidecar.domain import MemoryType, NewMessage, Role, Scope
@@ -60,13 +59,13 @@ def _cold(app: Sidecar) -> None:
     app.builder.forget_user(SCOPE)
 
 
-def test_a_cold_loaded_user_builds_the_same_context_as_a_warm_one(tmp_path, monkeypatch):
+def test_a_cold_loaded_user_builds_the_same_context_as_a_warm_one(tmp_path):
     db = str(tmp_path / "cold.duckdb")
     app = Sidecar(db)
     try:
         _fill(app)
         at = now_ms()
-        monkeypatch.setattr(builder, "now_ms", lambda: at)  # recency scores must not drift between calls
+        app.builder.clock = lambda: at  # recency scores must not drift between calls
         _cold(app)
         rebuilt = _built(app)  # the index built from rows
         warm = _built(app)
@@ -79,6 +78,7 @@ def test_a_cold_loaded_user_builds_the_same_context_as_a_warm_one(tmp_path, monk
     finally:
         app.close()
     again = Sidecar(db)  # a restart: restored from the snapshot saved at close
+    again.builder.clock = lambda: at
     try:
         assert again.episodic._snapshots
         assert _built(again) == warm
