@@ -221,22 +221,24 @@ _ENV_STRONG, _ENV_WEAK, _ENV_CN, _HOST, _NAMESPACE = (
 DIGIT_RE = re.compile(r"\d")
 
 
-def find_environments(text: str) -> list[str]:
-    low = folded(text)
+def find_environments(text: str, low: str | None = None) -> list[str]:
+    """Environment names; `low` is folded(text) where the caller has it."""
+    low = folded(text) if low is None else low
     found: list[str] = [m.group(1).lower() for m in _ENV_STRONG.finditer(text, low)]
     found += [m.group(1).lower() for m in _ENV_WEAK.finditer(text, low)]
     found += [m.group(1) or m.group(2) for m in _ENV_CN.finditer(text, low)]
     return list(dict.fromkeys(found))
 
 
-def find_services(text: str) -> list[str]:
-    """Service-style names (``payment-api``, ``foo_db``) and k8s namespaces, lowercased."""
+def find_services(text: str, low: str | None = None) -> list[str]:
+    """Service-style names (``payment-api``, ``foo_db``) and k8s namespaces, lowercased; `low` is
+    folded(text) where the caller has it."""
     found = [
         m.group().lower()
         for m in (_SERVICE_RE.finditer(text) if "-" in text or "_" in text else ())
         if any(p in _SERVICE_PARTS for p in re.split(r"[-_]", m.group().lower()))
     ]
-    found += [(m.group(1) or m.group(2)).lower() for m in _NAMESPACE.finditer(text)]
+    found += [(m.group(1) or m.group(2)).lower() for m in _NAMESPACE.finditer(text, low)]
     return list(dict.fromkeys(found))
 
 
@@ -246,7 +248,8 @@ def find_entities(text: str) -> list[str]:
     Surface forms are kept (``production`` and ``prod`` are distinct) so that every
     returned name can be found verbatim in the text it came from.
     """
-    found = find_environments(text) + find_services(text)
-    found += [m.group().lower() for m in _HOST.finditer(text)]
+    low = folded(text)  # once, for every gated pattern
+    found = find_environments(text, low) + find_services(text, low)
+    found += [m.group().lower() for m in _HOST.finditer(text, low)]
     found += [m.group() for m in (_IP_RE.finditer(text) if DIGIT_RE.search(text) else ())]
     return list(dict.fromkeys(found))
