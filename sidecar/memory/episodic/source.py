@@ -485,8 +485,9 @@ class EpisodicSource:
         """What the query is ranked by: without the words of the times it names relative to its asking
         where turns were told then (the date prior lifts those), so "a couple of days ago" matches no
         turn about a couple; as asked where none were (its words are all there is to go on), where
-        nothing else is left, or where the ranking has no date prior."""
-        if not dates.spans or not self.ranking.relative_boost or not state._told_near(dates.spans, self.ranking).any():
+        nothing else is left, or where the ranking has no date prior. Its callers ask only for a query
+        that names such a time."""
+        if not self.ranking.relative_boost or not state._told_near(dates.spans, self.ranking).any():
             return query
         rest = dates.without_phrases(query)
         return rest if terms(rest) else query
