@@ -85,8 +85,8 @@ class ExtractionPipeline:
                                    source_texts={t.message_id: t.text for t in turns})
         for _, reason in result.rejected:
             counts[f"rejected_{reason}"] += 1
-        for cand in result.accepted:
-            written = self.memories.write(scope, to_input(cand))
+        # One transaction for the job's memories: a job that fails leaves none of them (its retry writes them once).
+        for written in self.memories.write_many(scope, [to_input(c) for c in result.accepted]):
             counts[written.outcome if written.outcome != "rejected" else f"rejected_{written.reason}"] += 1
         return counts
 

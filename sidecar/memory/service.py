@@ -149,58 +149,71 @@ class MemoryService:
     # ------------------------------------------------------------------ write path
     def write(self, scope: Scope, inp: MemoryInput) -> WriteResult:
         """Store one candidate that passed the filters: merge, supersede or create."""
-        if contains_secret(inp.content):
-            return WriteResult("rejected", None, reason="secret")
-        if looks_like_raw_log(inp.content):
-            return WriteResult("rejected", None, reason="raw_log")
-        at = now_ms()
-        subject = memory_subject(inp)
-        vector = self._vector(inp.content, inp.embedding)
+        return self.write_many(scope, [inp])[0]
+
+    def write_many(self, scope: Scope, inputs: Sequence[MemoryInput]) -> list[WriteResult]:
+        """Store candidates (one extraction job's) as write() would one after another, each merged into
+        or superseding the user's memories and those written before it, in one transaction: all
+        stored or none. The user's state takes them once they are stored (no reader sees one before)."""
+        results = [_rejected(inp) for inp in inputs]
+        wanted = [i for i, r in enumerate(results) if r is None]
+        if not wanted:
+            return [r for r in results if r is not None]
+        vectors = {i: self._vector(inputs[i].content, inputs[i].embedding) for i in wanted}
         with self._writer(scope):
             state = self.user(scope)
-            with self._lock:
-                twin = self._near_duplicate(state, inp, vector, at)
-                twin_blob = self._blob(state, twin.memory_id) if twin is not None else b""
-                older = state.same_subject(inp.type, subject) if subject and twin is None else []
-                older_blobs = [self._blob(state, o.memory_id) for o in older]
-            if twin is not None:
-                merged = replace(
-                    twin, source_message_ids=sorted(set(twin.source_message_ids) | set(inp.source_message_ids)),
-                    confidence=min(1.0, max(twin.confidence, inp.confidence) + 0.05),
-                    authority=min(twin.authority, inp.authority), updated_at_ms=at,
-                    expires_at_ms=max(twin.expires_at_ms, inp.expires_at_ms) if twin.expires_at_ms else 0)
-                self.store.put_memories(scope, [(merged, twin_blob)],
-                                        [MemoryChange(merged, "merge", "near duplicate of a new statement", at)])
-                self._apply(scope, lambda st: st.refresh(merged))
-                return WriteResult("merged", merged)
+            pending = _Pending()
+            for i in wanted:
+                results[i] = self._decide(state, pending, inputs[i], vectors[i], now_ms())
+            if pending.rows:
+                self.store.put_memories(scope, list(pending.rows.values()), pending.changes)
+                self._apply(scope, pending.apply)
+        return [r for r in results if r is not None]  # each one rejected or decided
 
-            if any(o.authority == Authority.USER_STATED for o in older) and inp.authority == Authority.INFERRED:
-                return WriteResult("rejected", None, reason="outranked_by_user_stated")
-            memory = Memory(memory_id=new_id("mem"), type=inp.type, content=inp.content, subject=subject,
-                            source_message_ids=sorted(set(inp.source_message_ids)), confidence=inp.confidence,
-                            authority=inp.authority, created_at_ms=at, updated_at_ms=at,
-                            expires_at_ms=inp.expires_at_ms,
-                            tokens=tokens.count_line(render_memory(inp.content)))
-            rows = [(memory, vector.astype(np.float32).tobytes())]
-            changes = [MemoryChange(memory, "create", "", at)]
-            for o, blob in zip(older, older_blobs, strict=True):
-                old = replace(o, status=MemoryStatus.SUPERSEDED, superseded_by=memory.memory_id, updated_at_ms=at)
-                rows.append((old, blob))
-                changes.append(MemoryChange(old, "supersede", f"replaced by {memory.memory_id} on {subject!r}", at))
-            self.store.put_memories(scope, rows, changes)
+    def _decide(self, state: UserMemories, pending: _Pending, inp: MemoryInput, vector: np.ndarray,
+                at: int) -> WriteResult:
+        """One candidate's write, added to `pending`: merged into a near duplicate, or created, superseding
+        the active memories of its type and subject."""
+        subject = memory_subject(inp)
+        with self._lock:
+            twin = self._near_duplicate(state, pending, inp, vector, at)
+            twin_blob = pending.blob(twin.memory_id) or self._blob(state, twin.memory_id) if twin is not None else b""
+            older = pending.same_subject(state, inp.type, subject) if subject and twin is None else []
+            older_blobs = [pending.blob(o.memory_id) or self._blob(state, o.memory_id) for o in older]
+        if twin is not None:
+            merged = replace(
+                twin, source_message_ids=sorted(set(twin.source_message_ids) | set(inp.source_message_ids)),
+                confidence=min(1.0, max(twin.confidence, inp.confidence) + 0.05),
+                authority=min(twin.authority, inp.authority), updated_at_ms=at,
+                expires_at_ms=max(twin.expires_at_ms, inp.expires_at_ms) if twin.expires_at_ms else 0)
+            pending.put(merged, twin_blob, MemoryChange(merged, "merge", "near duplicate of a new statement", at))
+            pending.ops.append(lambda st: st.refresh(merged))
+            return WriteResult("merged", merged)
 
-            def supersede(st: UserMemories) -> None:
-                replaced = st.superseded.setdefault(memory.memory_id, [])
-                for o in older:
-                    st.remove(o.memory_id)
-                    if o.memory_id not in replaced:
-                        replaced.append(o.memory_id)
-                st.add(memory, vector)
+        if any(o.authority == Authority.USER_STATED for o in older) and inp.authority == Authority.INFERRED:
+            return WriteResult("rejected", None, reason="outranked_by_user_stated")
+        memory = Memory(memory_id=new_id("mem"), type=inp.type, content=inp.content, subject=subject,
+                        source_message_ids=sorted(set(inp.source_message_ids)), confidence=inp.confidence,
+                        authority=inp.authority, created_at_ms=at, updated_at_ms=at,
+                        expires_at_ms=inp.expires_at_ms,
+                        tokens=tokens.count_line(render_memory(inp.content)))
+        pending.put(memory, vector.astype(np.float32).tobytes(), MemoryChange(memory, "create", "", at), vector)
+        for o, blob in zip(older, older_blobs, strict=True):
+            old = replace(o, status=MemoryStatus.SUPERSEDED, superseded_by=memory.memory_id, updated_at_ms=at)
+            pending.put(old, blob, MemoryChange(old, "supersede", f"replaced by {memory.memory_id} on {subject!r}", at))
 
-            self._apply(scope, supersede)
-            if older:
-                return WriteResult("superseded_older", memory, superseded_id=older[0].memory_id)
-            return WriteResult("created", memory)
+        def supersede(st: UserMemories) -> None:
+            replaced = st.superseded.setdefault(memory.memory_id, [])
+            for o in older:
+                st.remove(o.memory_id)
+                if o.memory_id not in replaced:
+                    replaced.append(o.memory_id)
+            st.add(memory, vector)
+
+        pending.ops.append(supersede)
+        if older:
+            return WriteResult("superseded_older", memory, superseded_id=older[0].memory_id)
+        return WriteResult("created", memory)
 
     # A write holds its user's writer lock, not self._lock, across the database call: a commit (an
     # fsync) must not stall BuildContext and searches of other users. Writers of one user are
@@ -222,10 +235,18 @@ class MemoryService:
     def _blob(state: UserMemories, memory_id: str) -> bytes:
         return state.index.vector(memory_id).astype(np.float32).tobytes()
 
-    def _near_duplicate(self, state: UserMemories, inp: MemoryInput, vector: np.ndarray, at: int) -> Memory | None:
+    @staticmethod
+    def _near_duplicate(state: UserMemories, pending: _Pending, inp: MemoryInput, vector: np.ndarray,
+                        at: int) -> Memory | None:
+        """The active memory of the candidate's type that says the same (as `pending` leaves it): the
+        user's stored ones first, in search order, then those created before it in the same write."""
         for hit in state.search(vector, inp.content, 5, now_ms=at, include_expired=True):
-            m = hit.memory
-            if m.type == inp.type and (hit.dense >= MERGE_COSINE or near_duplicate(m.content, inp.content)):
+            m = pending.current(hit.memory)
+            if (m.status == MemoryStatus.ACTIVE and m.type == inp.type
+                    and (hit.dense >= MERGE_COSINE or near_duplicate(m.content, inp.content))):
+                return m
+        for m, v in pending.created():
+            if m.type == inp.type and (float(v @ vector) >= MERGE_COSINE or near_duplicate(m.content, inp.content)):
                 return m
         return None
 
@@ -397,3 +418,50 @@ class MemoryService:
         state = self.user(scope)
         with self._lock:
             return sorted(state.index.keys())
+
+
+def _rejected(inp: MemoryInput) -> WriteResult | None:
+    """A candidate no memory may hold: a secret, or a pasted log."""
+    if contains_secret(inp.content):
+        return WriteResult("rejected", None, reason="secret")
+    if looks_like_raw_log(inp.content):
+        return WriteResult("rejected", None, reason="raw_log")
+    return None
+
+
+class _Pending:
+    """What a write_many has decided and not stored yet: each memory's row as it will be stored (its
+    latest version), every change in order for the history, and the state's updates once stored."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[Memory, bytes]] = {}
+        self.changes: list[MemoryChange] = []
+        self.ops: list[Callable[[UserMemories], None]] = []
+        self._new: dict[str, np.ndarray] = {}  # memories created in this write: their vectors
+
+    def put(self, memory: Memory, blob: bytes, change: MemoryChange, new_vector: np.ndarray | None = None) -> None:
+        self.rows[memory.memory_id] = (memory, blob)
+        self.changes.append(change)
+        if new_vector is not None:
+            self._new[memory.memory_id] = new_vector
+
+    def current(self, memory: Memory) -> Memory:
+        row = self.rows.get(memory.memory_id)
+        return row[0] if row is not None else memory
+
+    def blob(self, memory_id: str) -> bytes:
+        row = self.rows.get(memory_id)
+        return row[1] if row is not None else b""
+
+    def created(self) -> list[tuple[Memory, np.ndarray]]:
+        """The memories this write created that are still active, oldest first, with their vectors."""
+        return [(m, v) for i, v in self._new.items() if (m := self.rows[i][0]).status == MemoryStatus.ACTIVE]
+
+    def same_subject(self, state: UserMemories, type_: MemoryType, subject: str) -> list[Memory]:
+        """state.same_subject as this write leaves it: the stored ones still active, then those it created."""
+        stored = [m for o in state.same_subject(type_, subject) if (m := self.current(o)).status == MemoryStatus.ACTIVE]
+        return stored + [m for m, _ in self.created() if m.type == type_ and m.subject == subject]
+
+    def apply(self, state: UserMemories) -> None:
+        for op in self.ops:
+            op(state)
