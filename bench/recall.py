@@ -339,6 +339,13 @@ def ingest(stub, conv: Conversation, commit: str = "turn") -> dict[str, str]:
     return by_message
 
 
+def server_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system, every thread) the process has used; 0 without a pid."""
+    from tests.adversity.harness import proc_stats  # the soak's /proc reader
+
+    return proc_stats(pid)["cpu_s"] if pid else 0.0
+
+
 def wait_jobs(stub, conv: Conversation) -> None:
     while not stub.WaitForJobs(pb.WaitForJobsRequest(scope=user_of(conv), timeout_ms=60_000)).all_finished:
         pass
@@ -552,9 +559,11 @@ class Board:
 
 
 def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int] = BUDGETS, *,
-             commit: str = "turn", log=print, maps: dict[int, dict[str, str]] | None = None) -> dict:
+             commit: str = "turn", log=print, maps: dict[int, dict[str, str]] | None = None,
+             server_pid: int = 0) -> dict:
     """Replay, ask, measure. Returns the figures (fractions 0-1, see Board.summary); `maps` receives
-    each conversation's message_id -> dia_id."""
+    each conversation's message_id -> dia_id; given the server's pid, the CPU it spent ingesting (a
+    figure a busy hour changes less than turns per second)."""
     board = Board()
     latencies: dict[int, list[float]] = {b: [] for b in budgets}
     # A question's first call (its first budget) embeds the query and ranks the past turns; the same
@@ -564,13 +573,14 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
     mem = {b: {"tokens": 0.0, "items": 0.0, "evidence_only_via_memory": 0.0} for b in budgets}
     passages = {b: [0, 0] for b in budgets}  # evidence turns packed as a passage, evidence turns packed
     stages: dict[str, list[int]] = defaultdict(list)  # server-side microseconds per stage (debug calls, untimed)
-    ingest_s, ingested = 0.0, 0
+    ingest_s, ingested, ingest_cpu_s = 0.0, 0, 0.0
     issues: dict[str, list[str]] = defaultdict(list)
     for conv in conversations:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), server_cpu_s(server_pid)
         by_message = ingest(stub, conv, commit)
         wait_jobs(stub, conv)
         spent = time.perf_counter() - t0
+        ingest_cpu_s += server_cpu_s(server_pid) - cpu0
         if maps is not None:
             maps[conv.index] = by_message
         ingest_s += spent
@@ -628,6 +638,7 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
         "ingest_s": round(ingest_s, 2),
         "ingested_turns": ingested,
         "ingest_turns_per_s": round(ingested / ingest_s, 1) if ingest_s else 0.0,
+        "ingest_server_cpu_ms_per_turn": round(ingest_cpu_s * 1000 / ingested, 3) if server_pid and ingested else None,
         "build_p50_ms": lat["p50_ms"], "build_p99_ms": lat["p99_ms"],
         "build_ms_by_budget": {str(b): percentiles(latencies[b]) for b in budgets if latencies[b]},
         "build_ms_new_query": percentiles(first_calls) if first_calls else {},
@@ -889,7 +900,9 @@ def _by_budget(d: dict) -> list[tuple[str, dict]]:
 def run_notes(figures: dict) -> list[str]:
     """What a run cost and what else it saw, below either table."""
     lines = [f"Replay: {figures['ingested_turns']} turns in {figures['ingest_s']} s, "
-             f"{figures['ingest_turns_per_s']} turns/s ({INGEST_MODES[figures['commit']]}, extraction jobs awaited); "
+             f"{figures['ingest_turns_per_s']} turns/s ({INGEST_MODES[figures['commit']]}, extraction jobs awaited"
+             + (f"; the server's CPU {cpu} ms a turn" if (cpu := figures.get("ingest_server_cpu_ms_per_turn")) else "")
+             + "); "
              f"BuildContext over gRPC p50 {figures['build_p50_ms']} ms, p99 {figures['build_p99_ms']} ms (all budgets); "
              "by budget: " + ", ".join(f"{int(b) // 1000}k p50 {v['p50_ms']} / p99 {v['p99_ms']} ms"
                                       for b, v in _by_budget(figures["build_ms_by_budget"])) + ".",
@@ -1026,7 +1039,7 @@ def main() -> None:
     maps: dict[int, dict[str, str]] = {}
     try:
         try:
-            figures = evaluate(server.stub, convs, budgets, commit=args.commit, maps=maps)
+            figures = evaluate(server.stub, convs, budgets, commit=args.commit, maps=maps, server_pid=server.proc.pid)
         finally:
             server.stop()
         if args.keep:

@@ -134,7 +134,8 @@ def test_turn_and_session_recall_beside_the_baselines(stub, tmp_path, monkeypatc
     budget = recall.Packer(convs[0]).costs[0] + 30  # the evidence turn and a little more
     assert degree.dia_id not in recall.recency_ids(convs[0], budget)  # the newest filler comes first
 
-    figures = recall.evaluate(stub, convs, (2000, budget), log=lambda *_: None)
+    # The server runs in this process: its CPU is this process's.
+    figures = recall.evaluate(stub, convs, (2000, budget), log=lambda *_: None, server_pid=os.getpid())
     big, small = "2000", str(budget)
     assert figures["questions"] == 2 and figures["by_category_n"] == {"multi-session": 1, "single-session-user": 1}
     # Both haystacks fit in 2k: every evidence turn and session is in each context.
@@ -144,6 +145,7 @@ def test_turn_and_session_recall_beside_the_baselines(stub, tmp_path, monkeypatc
     assert figures["by_category_recency"]["single-session-user"][small] == 0.0
     assert figures["session_by_category_recency"]["single-session-user"][small] == 0.0
     assert figures["ingested_turns"] == sum(len(c.turns()) for c in convs) and figures["ingest_turns_per_s"] > 0
+    assert figures["ingest_server_cpu_ms_per_turn"] > 0
     assert figures["build_ms_new_query"]["p50_ms"] > 0 and "halves" not in figures
 
     # The tables and plot as published, under their own names (LoCoMo's keep theirs).
@@ -154,7 +156,7 @@ def test_turn_and_session_recall_beside_the_baselines(stub, tmp_path, monkeypatc
     assert recall.results_stem("locomo", "model") == "recall-model"
     md = (results / "recall-longmemeval-default.md").read_text()
     assert "| all (2) | ours (default) | 100.0 |" in md and "| single-session-user (1) | ours (default) |" in md
-    assert "Session level" in md and "turns/s" in md
+    assert "Session level" in md and "turns/s" in md and "the server's CPU" in md
     assert json.loads((results / "recall-longmemeval-default.json").read_text())["session_bm25"][big] == 1.0
     drawn = importlib.util.find_spec("matplotlib") is not None  # the optional `plot` extra
     assert (results / "recall-longmemeval-default.png").exists() == drawn
