@@ -101,7 +101,8 @@ class Sidecar:
                                              SUMMARY_JOB: self.compression.handle_summary_job},
                                 poll_s=settings.job_poll_s, batch=JOB_BATCH,
                                 prefetch={EXTRACT_JOB: self.extraction.prefetch},
-                                settle={EXTRACT_JOB: self.extraction.settle})
+                                settle={EXTRACT_JOB: self.extraction.settle},
+                                commit={EXTRACT_JOB: self.extraction.commit})
         # A sub-agent's chatter is not the user's word: its turns are summarised, never made memories.
         self.turns = TurnService(self.sessions, self.worker, [EXTRACT_JOB, SUMMARY_JOB],
                                  subsession_job_kinds=[SUMMARY_JOB],

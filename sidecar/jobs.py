@@ -1,7 +1,8 @@
 """Durable job queue (rows in the jobs table) and the background worker that drains it.
 
-A job is claimed (RUNNING) before its handler runs and finished after; at start-up RUNNING jobs of
-a crashed process go back to QUEUED. Handlers are idempotent (re-running one merges instead of
+A job is claimed (RUNNING) before its handler runs and finished after (once its kind's commit, if it
+has one, has stored what the batch's jobs decided); at start-up RUNNING jobs of a crashed process go
+back to QUEUED. Handlers are idempotent (re-running one merges instead of
 duplicating), so a job that ran when the process died is exactly-once in effect."""
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from sidecar.ids import new_id
 log = logging.getLogger("sidecar.jobs")
 
 Handler = Callable[[Job], dict[str, str]]
+# Stores what a batch's jobs of one kind decided, in one go, once they have run; returns the jobs whose
+# part could not be stored (with why), which go back to the queue as failed attempts.
+Commit = Callable[[Sequence[Job]], list[tuple[Job, Exception]]]
 MAX_ATTEMPTS = 3
 # A worker claims up to `batch` jobs in one transaction and writes their outcomes in one more: a
 # replayed history queues a few jobs per session, and two statements per job cost more than the
@@ -44,7 +48,8 @@ def new_job(scope: Scope, kind: str, payload: dict[str, Any], total_items: int =
 class JobWorker:
     def __init__(self, store, handlers: dict[str, Handler], poll_s: float = 1.0, name: str = "job-worker",
                  batch: int = 1, prefetch: dict[str, Callable[[Sequence[Job]], None]] | None = None,
-                 settle: dict[str, Callable[[Sequence[Job]], None]] | None = None) -> None:
+                 settle: dict[str, Callable[[Sequence[Job]], None]] | None = None,
+                 commit: dict[str, Commit] | None = None) -> None:
         self.store = store
         self.batch = max(batch, 1)
         self.handlers: dict[str, Handler] = dict(handlers)
@@ -53,6 +58,9 @@ class JobWorker:
         # Per kind: makes ready what the batch's jobs of that kind changed, once they have run, so the
         # next BuildContext does not (derived state a write invalidates).
         self.settle = dict(settle or {})
+        # Per kind: stores what the batch's jobs of that kind decided (Commit), before their outcomes
+        # are written: a job is done only once what it decided is stored.
+        self.commit = dict(commit or {})
         self.name = name
         self.poll_s = poll_s
         self._wake = threading.Event()
@@ -98,6 +106,7 @@ class JobWorker:
             ran += 1
         for job in jobs[ran:]:
             job.status, job.attempts = JobStatus.QUEUED, job.attempts - 1
+        self._commit([j for j in jobs[:ran] if j.status == JobStatus.DONE])
         _each_kind(self.settle, [j for j in jobs[:ran] if j.status == JobStatus.DONE], "settle")
         self.store.finish_jobs(jobs)
         with self._finished:
@@ -115,9 +124,20 @@ class JobWorker:
             job.error = ""
         except Exception as e:  # a failing job must not stop the worker
             log.exception("job %s (%s) failed", job.job_id, job.kind)
-            job.error = f"{type(e).__name__}: {e}"[:2000]
-            job.status = JobStatus.QUEUED if job.attempts < MAX_ATTEMPTS else JobStatus.FAILED
+            _failed(job, e)
         job.updated_at_ms = now_ms()
+
+    def _commit(self, done: Sequence[Job]) -> None:
+        for kind, commit in self.commit.items():  # called every batch, as prefetch is
+            mine = [j for j in done if j.kind == kind]
+            try:
+                failed = commit(mine)
+            except Exception as e:  # nothing of theirs is known to be stored: all are tried again
+                failed = [(j, e) for j in mine]
+            for job, e in failed:
+                log.error("job %s (%s) failed to store its result: %s", job.job_id, job.kind, e)
+                _failed(job, e)
+                job.updated_at_ms = now_ms()
 
     def report_progress(self, job: Job, done: int, total: int) -> None:
         job.done_items, job.total_items, job.updated_at_ms = done, total, now_ms()
@@ -133,6 +153,12 @@ class JobWorker:
                 return jobs, done
             with self._finished:
                 self._finished.wait(min(left, 0.2))
+
+
+def _failed(job: Job, e: Exception) -> None:
+    """A failed attempt: queued again, or failed for good after MAX_ATTEMPTS."""
+    job.error = f"{type(e).__name__}: {e}"[:2000]
+    job.status = JobStatus.QUEUED if job.attempts < MAX_ATTEMPTS else JobStatus.FAILED
 
 
 def _each_kind(hooks: dict[str, Callable[[Sequence[Job]], None]], jobs: Sequence[Job], what: str) -> None:

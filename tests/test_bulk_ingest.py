@@ -194,3 +194,38 @@ def test_jobs_a_batch_did_not_reach_go_back_to_the_queue_as_they_were(store, mon
     got = [store.get_job(scope, j.job_id) for j in made]
     assert [(j.status, j.attempts) for j in got] == [(JobStatus.DONE, 1)] + [(JobStatus.QUEUED, 0)] * 3
     assert [j.job_id for j in store.claim_jobs(2, ["extract"], 64)] == [j.job_id for j in made[1:]]
+
+
+def test_a_batch_is_done_only_once_its_commit_stored_what_the_jobs_decided(store):
+    """JobWorker commit: called once a batch with the jobs that ran; those whose part it could not
+    store go back to the queue as a failed attempt, the others are done with the result it set."""
+    made = _queued(store, 4)
+    commits: list[list[int]] = []
+    seen_done: list[int] = []
+
+    def commit(jobs: list[Job]) -> list[tuple[Job, Exception]]:
+        commits.append([j.payload["i"] for j in jobs])
+        seen_done.extend(j.payload["i"] for j in jobs if store.get_job(Scope("t", "u"), j.job_id).status
+                         == JobStatus.DONE)
+        for j in jobs:
+            j.result = {"stored": "yes"}
+        # The first commit fails for job 1's part only; the whole hook fails once on its retry.
+        if len(commits) == 1:
+            return [(j, OSError("disk full")) for j in jobs if j.payload["i"] == 1]
+        if len(commits) == 2:
+            raise OSError("gone")
+        return []
+
+    worker = JobWorker(store, {"extract": lambda job: {"ran": "yes"}}, batch=64, commit={"extract": commit})
+    worker._run_batch(store.claim_jobs(1, ["extract"], 64))
+    scope = Scope("t", "u")
+    got = [store.get_job(scope, j.job_id) for j in made]
+    assert commits == [[0, 1, 2, 3]] and seen_done == []  # no job is done before its commit
+    assert [(j.status, j.attempts) for j in got] == [
+        (JobStatus.DONE, 1), (JobStatus.QUEUED, 1), (JobStatus.DONE, 1), (JobStatus.DONE, 1)]
+    assert got[0].result == {"stored": "yes"} and got[1].error == "OSError: disk full"
+    worker._run_batch(store.claim_jobs(2, ["extract"], 64))  # job 1 again: the hook raises
+    assert commits[1] == [1] and store.get_job(scope, made[1].job_id).status == JobStatus.QUEUED
+    worker._run_batch(store.claim_jobs(3, ["extract"], 64))
+    job = store.get_job(scope, made[1].job_id)
+    assert (job.status, job.attempts, job.result) == (JobStatus.DONE, 3, {"stored": "yes"})

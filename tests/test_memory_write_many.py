@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from sidecar import jobs as jobs_module
 from sidecar.app import Sidecar
-from sidecar.domain import Authority, MemoryStatus, MemoryType, Scope
+from sidecar.domain import Authority, JobStatus, MemoryStatus, MemoryType, Scope
 from sidecar.memory.service import MemoryInput
 from sidecar.textmodel import Turn
 
@@ -48,8 +49,10 @@ def _stored(app: Sidecar) -> list[tuple]:
     """Every row and its history, ids replaced by contents (ids are random)."""
     rows = [m for m, _ in app.store.memories_with_embeddings(SCOPE)]
     content = {m.memory_id: m.content for m in rows}
+    said = {m.message_id: m.text for m in app.store.get_user_messages(
+        SCOPE, sorted({i for m in rows for i in m.source_message_ids}))}
     return sorted((m.content, m.type, m.subject, m.status, content.get(m.superseded_by, ""),
-                   tuple(m.source_message_ids), round(m.confidence, 6), m.authority,
+                   tuple(said.get(i, i) for i in m.source_message_ids), round(m.confidence, 6), m.authority,
                    tuple(h.action for h in app.store.memory_history(SCOPE, m.memory_id))) for m in rows)
 
 
@@ -127,5 +130,128 @@ def test_an_extraction_job_stores_its_memories_in_one_transaction(tmp_path):
         written = sum(counts[k] for k in ("created", "merged", "superseded_older"))
         assert written >= 2 and calls == [written]
         assert len(app.store.memories_with_embeddings(SCOPE)) == written
+    finally:
+        app.close()
+
+
+def _paused(app: Sidecar) -> None:
+    """The app's worker thread stopped, its batches run by the test (claimed together, as an import's are)."""
+    app.worker.stop()
+    app.worker._stop.clear()  # a stopping worker ends its batch after the job it is running
+
+
+def _import(app: Sidecar, sessions: list[list[str]]) -> list[str]:
+    """Sessions of user turns imported whole; returns their job ids."""
+    from sidecar.domain import NewMessage, Role
+    from sidecar.services.imports import PastSession
+
+    imported = app.imports.import_sessions(SCOPE, [
+        PastSession([NewMessage(role=Role.USER, text=t, client_timestamp_ms=1_700_000_000_000 + 86_400_000 * i)
+                     for t in texts], session_id=f"s{i}", closed=True) for i, texts in enumerate(sessions)])
+    return [j for s in imported for j in s.job_ids]
+
+
+SESSIONS = [
+    ["I prefer answers in bullet points.", "My team owns the ledger service."],
+    ["I prefer answers in bullet points.", "I always use vim for editing config files."],
+    ["I prefer answers as short paragraphs now.", "The staging password is Hunter2-Xq9!vT7#"],
+]
+
+
+def test_a_batch_of_extraction_jobs_stores_a_users_memories_in_one_transaction(tmp_path, monkeypatch):
+    """The worker's batch stages each job's memories and stores them once it has run, one transaction a
+    user: the same memories, history and job results as the jobs writing one after another."""
+    monkeypatch.setattr(jobs_module, "BATCH_SECONDS", 600.0)  # a cold start's first job must not cut the batch
+    batched = Sidecar(str(tmp_path / "batched.duckdb"))
+    one_by_one = Sidecar(str(tmp_path / "one.duckdb"))
+    try:
+        put = batched.store.put_memories
+        calls: list[int] = []
+
+        def counted(scope, rows, changes):
+            calls.append(len(rows))
+            return put(scope, rows, changes)
+
+        batched.store.put_memories = counted
+        _paused(batched)
+        ids = _import(batched, SESSIONS)
+        batched.worker._run_batch(batched.store.claim_jobs(2**62, ["extract_memories"], 64))
+        jobs = [j for j in batched.store.get_jobs(SCOPE, ids) if j.kind == "extract_memories"]
+        assert len(jobs) == 3 and all(j.status == JobStatus.DONE for j in jobs) and len(calls) == 1
+
+        # The same sessions' jobs run one at a time (each job its own batch, so its own transaction).
+        _paused(one_by_one)
+        ids_one = _import(one_by_one, SESSIONS)
+        while claimed := one_by_one.store.claim_jobs(2**62, ["extract_memories"], 1):
+            one_by_one.worker._run_batch(claimed)
+        assert _stored(batched) == _stored(one_by_one)
+        results = lambda app, ids: sorted(tuple(sorted(j.result.items())) for j in app.store.get_jobs(SCOPE, ids)  # noqa: E731
+                                          if j.kind == "extract_memories")
+        assert results(batched, ids) == results(one_by_one, ids_one)
+        assert any(dict(r).get("merged") == "1" for r in results(batched, ids))
+        assert any(dict(r).get("superseded_older") == "1" for r in results(batched, ids))
+    finally:
+        batched.close()
+        one_by_one.close()
+
+
+def test_a_failed_batch_commit_stores_nothing_and_the_jobs_run_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(jobs_module, "BATCH_SECONDS", 600.0)
+    app = Sidecar(str(tmp_path / "retry.duckdb"))
+    try:
+        put = app.store.put_memories
+
+        def failing(scope, rows, changes):
+            app.store.put_memories = put  # once
+            raise OSError("disk full")
+
+        app.store.put_memories = failing
+        _paused(app)
+        ids = _import(app, SESSIONS)
+        app.worker._run_batch(app.store.claim_jobs(2**62, ["extract_memories"], 64))
+        jobs = [j for j in app.store.get_jobs(SCOPE, ids) if j.kind == "extract_memories"]
+        assert all(j.status == JobStatus.QUEUED and j.error == "OSError: disk full" for j in jobs)
+        assert app.store.memories_with_embeddings(SCOPE) == [] and not app.memories.user(SCOPE).active
+        app.worker._run_batch(app.store.claim_jobs(2**62, ["extract_memories"], 64))
+        assert all(j.status == JobStatus.DONE for j in app.store.get_jobs(SCOPE, ids) if j.kind == "extract_memories")
+        bullets = [m for m, _ in app.store.memories_with_embeddings(SCOPE) if "bullet points" in m.content]
+        assert len(bullets) == 1 and bullets[0].confidence == pytest.approx(0.95)  # merged once, not twice
+    finally:
+        app.close()
+
+
+@pytest.mark.parametrize("deletion", ["session", "user"])
+def test_a_turn_deleted_while_its_job_waits_to_commit_leaves_no_memory(tmp_path, monkeypatch, deletion):
+    """A batch's memories are stored after its jobs ran: turns deleted in between (DeleteSession,
+    ForgetUser) are read again under the writer lock, and nothing learnt only from them is stored."""
+    monkeypatch.setattr(jobs_module, "BATCH_SECONDS", 600.0)
+    app = Sidecar(str(tmp_path / "race.duckdb"))
+    try:
+        _paused(app)
+        ids = _import(app, SESSIONS)
+        commit = app.worker.commit["extract_memories"]
+
+        def delete_then_commit(jobs):
+            if deletion == "session":
+                app.deletion.delete_session(SCOPE, "s1")
+            else:
+                app.memories.forget_user(SCOPE)
+            return commit(jobs)
+
+        app.worker.commit["extract_memories"] = delete_then_commit
+        app.worker._run_batch(app.store.claim_jobs(2**62, ["extract_memories"], 64))
+        stored = [m for m, _ in app.store.memories_with_embeddings(SCOPE)]
+        alive = {m.message_id for m in app.store.get_user_messages(
+            SCOPE, sorted({i for m in stored for i in m.source_message_ids}))}
+        assert all(set(m.source_message_ids) <= alive and m.source_message_ids for m in stored)
+        assert not any("vim" in m.content for m in stored)  # said only in the deleted session
+        results = [j.result for j in app.store.get_jobs(SCOPE, ids) if j.kind == "extract_memories"]
+        if deletion == "user":  # its jobs went with it
+            assert stored == [] and not app.memories.user(SCOPE).active and results == []
+        else:
+            [bullets] = [m for m in stored if "bullet points" in m.content]  # said in s0 too: kept, its s0 source only
+            assert len(bullets.source_message_ids) == 1
+            assert any("ledger" in m.content for m in stored)
+            assert sum(int(r.get("rejected_source_deleted", 0)) for r in results) >= 1
     finally:
         app.close()

@@ -353,6 +353,11 @@ def test_get_messages_by_id(backend, scope):
         ("s0", "z"), ("s1", "a"), ("s1", "c")]
     assert backend.get_user_messages(Scope(scope.tenant_id, "bob"), wanted) == []
     assert backend.get_user_messages(scope, []) == []
+    assert backend.stored_message_ids(scope, wanted) == {out[0].message_id, out[2].message_id, other[0].message_id}
+    assert backend.stored_message_ids(Scope(scope.tenant_id, "bob"), wanted) == set()
+    assert backend.stored_message_ids(scope, []) == set()
+    backend.delete_messages(scope, "s1", [out[0].message_id])
+    assert backend.stored_message_ids(scope, wanted) == {out[2].message_id, other[0].message_id}
 
 
 def test_tool_calls_round_trip(backend, scope):

@@ -10,7 +10,7 @@ from dataclasses import replace
 from sidecar.domain import Authority, Job, MemoryType, Message, Scope
 from sidecar.memory.extract import Extractor, MemoryCandidate
 from sidecar.memory.filters import filter_candidates, is_low_information
-from sidecar.memory.service import MemoryInput, MemoryService
+from sidecar.memory.service import MemoryInput, MemoryService, WriteResult
 from sidecar.secrets import PLACEHOLDER_RE, contains_secret, redact
 from sidecar.textmodel import Turn
 
@@ -30,10 +30,16 @@ class ExtractionPipeline:
         self.extractor = extractor
         self.min_confidence = min_confidence
         self._prefetched: dict[str, list[Message]] = {}  # job id -> its messages (the worker's thread only)
+        # Inside a worker's batch (prefetch opens it, commit closes it) a job's memories are staged,
+        # job id -> (its memory inputs, its counts), and stored by commit: one transaction a user.
+        self._staged: dict[str, tuple[list[MemoryInput], Counter]] = {}
+        self._batch_open = False
 
     def prefetch(self, jobs: Sequence[Job]) -> None:
         """The messages of a claimed batch's jobs, one query per user (an import queues a job per
         session; a query each would cost more than their extraction)."""
+        self._batch_open = True
+        self._staged.clear()
         self._prefetched.clear()
         by_user: dict[Scope, list[Job]] = {}
         for job in jobs:
@@ -63,16 +69,57 @@ class ExtractionPipeline:
         messages = self._prefetched.pop(job.job_id, None)
         if messages is None:
             messages = self.store.get_messages(scope, session_id, job.payload["message_ids"])
-        return {k: str(v) for k, v in self.run(scope, [
+        inputs, counts = self.extract([
             Turn(message_id=m.message_id, role=m.role.label, text=m.text, speaker=m.speaker or None,
-                 timestamp_ms=m.timestamp_ms) for m in messages]).items()}
+                 timestamp_ms=m.timestamp_ms) for m in messages])
+        if self._batch_open:  # the worker's commit stores them
+            self._staged[job.job_id] = (inputs, counts)
+        else:
+            _count_writes(counts, self.memories.write_many(scope, inputs, learnt_from_turns=True))
+        return _result(counts)
+
+    def commit(self, jobs: Sequence[Job]) -> list[tuple[Job, Exception]]:
+        """JobWorker commit: the memories the batch's jobs staged, one write_many (one transaction) a
+        user, the jobs' candidates in claim order (each decided as one write after another would be);
+        each job's result counts its writes. Returns the jobs of the users whose write failed (nothing
+        of theirs stored)."""
+        self._batch_open = False
+        staged, self._staged = self._staged, {}
+        by_user: dict[Scope, list[Job]] = {}
+        for job in jobs:
+            if job.job_id in staged:
+                by_user.setdefault(Scope(job.tenant_id, job.user_id), []).append(job)
+        failed: list[tuple[Job, Exception]] = []
+        for scope, group in by_user.items():
+            try:
+                written = self.memories.write_many(scope, [inp for job in group for inp in staged[job.job_id][0]],
+                                                   learnt_from_turns=True)
+            except Exception as e:
+                failed += [(job, e) for job in group]
+                continue
+            at = 0
+            for job in group:
+                inputs, counts = staged[job.job_id]
+                _count_writes(counts, written[at:at + len(inputs)])
+                at += len(inputs)
+                job.result = _result(counts)
+        return failed
 
     def run(self, scope: Scope, turns: list[Turn]) -> Counter:
+        """A conversation's memories extracted, filtered and written (one transaction); what happened to
+        each candidate counted. The turns need not be stored (a job's are: see handle)."""
+        inputs, counts = self.extract(turns)
+        _count_writes(counts, self.memories.write_many(scope, inputs))
+        return counts
+
+    def extract(self, turns: list[Turn]) -> tuple[list[MemoryInput], Counter]:
+        """The candidates of these turns that pass the filters, as memory inputs, and the counts of what
+        was skipped or rejected."""
         counts: Counter = Counter(turns=len(turns))
         useful = [t for t in turns if not is_low_information(t.text)]
         counts["skipped_low_information_turns"] = len(turns) - len(useful)
         if not useful:
-            return counts
+            return [], counts
         # Secrets are masked at ingest and cut out again here (a row written before masking), so no
         # fragment of one can reach a memory; a candidate that carries a mask or the redaction marker
         # ("use this password: [secret:password#1]") is refused as a secret: it is no use without it.
@@ -85,10 +132,16 @@ class ExtractionPipeline:
                                    source_texts={t.message_id: t.text for t in turns})
         for _, reason in result.rejected:
             counts[f"rejected_{reason}"] += 1
-        # One transaction for the job's memories: a job that fails leaves none of them (its retry writes them once).
-        for written in self.memories.write_many(scope, [to_input(c) for c in result.accepted]):
-            counts[written.outcome if written.outcome != "rejected" else f"rejected_{written.reason}"] += 1
-        return counts
+        return [to_input(c) for c in result.accepted], counts
+
+
+def _count_writes(counts: Counter, written: Sequence[WriteResult]) -> None:
+    for w in written:
+        counts[w.outcome if w.outcome != "rejected" else f"rejected_{w.reason}"] += 1
+
+
+def _result(counts: Counter) -> dict[str, str]:
+    return {k: str(v) for k, v in counts.items()}
 
 
 def _holds_secret_mark(text: str) -> bool:

@@ -151,24 +151,45 @@ class MemoryService:
         """Store one candidate that passed the filters: merge, supersede or create."""
         return self.write_many(scope, [inp])[0]
 
-    def write_many(self, scope: Scope, inputs: Sequence[MemoryInput]) -> list[WriteResult]:
-        """Store candidates (one extraction job's) as write() would one after another, each merged into
+    def write_many(self, scope: Scope, inputs: Sequence[MemoryInput], *,
+                   learnt_from_turns: bool = False) -> list[WriteResult]:
+        """Store candidates (an extraction batch's) as write() would one after another, each merged into
         or superseding the user's memories and those written before it, in one transaction: all
-        stored or none. The user's state takes them once they are stored (no reader sees one before)."""
+        stored or none. The user's state takes them once they are stored (no reader sees one before).
+        `learnt_from_turns`: the candidates' source turns are read again under the writer lock, and
+        those deleted meanwhile (DeleteMessages, DeleteSession, ForgetUser) are left out of the
+        sources; a candidate none of whose sources is left is not stored. Deletions hold the same lock
+        to drop what was learnt from their turns, so a deleted turn's memory is never left behind."""
         results = [_rejected(inp) for inp in inputs]
         wanted = [i for i, r in enumerate(results) if r is None]
         if not wanted:
             return [r for r in results if r is not None]
         vectors = {i: self._vector(inputs[i].content, inputs[i].embedding) for i in wanted}
         with self._writer(scope):
+            kept = self._live_sources(scope, [inputs[i] for i in wanted]) if learnt_from_turns else None
             state = self.user(scope)
             pending = _Pending()
-            for i in wanted:
-                results[i] = self._decide(state, pending, inputs[i], vectors[i], now_ms())
+            for j, i in enumerate(wanted):
+                inp = inputs[i] if kept is None else kept[j]
+                if inp is None:
+                    results[i] = WriteResult("rejected", None, reason="source_deleted")
+                    continue
+                results[i] = self._decide(state, pending, inp, vectors[i], now_ms())
             if pending.rows:
                 self.store.put_memories(scope, list(pending.rows.values()), pending.changes)
                 self._apply(scope, pending.apply)
         return [r for r in results if r is not None]  # each one rejected or decided
+
+    def _live_sources(self, scope: Scope, inputs: Sequence[MemoryInput]) -> list[MemoryInput | None]:
+        """Each input with only its source turns that are still stored; None where none is left."""
+        wanted = sorted({i for inp in inputs for i in inp.source_message_ids})
+        alive = self.store.stored_message_ids(scope, wanted)
+        out: list[MemoryInput | None] = []
+        for inp in inputs:
+            left = [i for i in inp.source_message_ids if i in alive]
+            out.append(inp if len(left) == len(inp.source_message_ids) else
+                       replace(inp, source_message_ids=left) if left else None)
+        return out
 
     def _decide(self, state: UserMemories, pending: _Pending, inp: MemoryInput, vector: np.ndarray,
                 at: int) -> WriteResult:

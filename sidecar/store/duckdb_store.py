@@ -636,6 +636,14 @@ class DuckDBStore:
                            [scope.tenant_id, scope.user_id, session_id, *message_ids])
         return [records.message_from(r) for r in rows]
 
+    def stored_message_ids(self, scope: Scope, message_ids: Sequence[str]) -> set[str]:
+        """Those of these ids that are the user's stored messages (not deleted)."""
+        if not message_ids:
+            return set()
+        return {r[0] for r in self._query("SELECT message_id FROM messages WHERE tenant_id = ? AND user_id = ? AND "
+                                          "list_contains(?, message_id)",
+                                          [scope.tenant_id, scope.user_id, list(message_ids)])}
+
     def get_user_messages(self, scope: Scope, message_ids: Sequence[str]) -> list[Message]:
         """The user's messages with these ids, from any of their sessions (by session, then seq): one
         query for what a batch of after-turn jobs reads."""
