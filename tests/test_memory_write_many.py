@@ -62,6 +62,18 @@ def _state(app: Sidecar) -> tuple:
     return active, sorted(len(v) for v in state.superseded.values() if v)
 
 
+def _count_puts(app: Sidecar) -> list[int]:
+    """The rows of each put_memories call (each one transaction) the app makes from now on."""
+    put, calls = app.store.put_memories, []
+
+    def counted(scope, rows, changes):
+        calls.append(len(rows))
+        return put(scope, rows, changes)
+
+    app.store.put_memories = counted
+    return calls
+
+
 def _outcomes(results) -> list[tuple[str, str, str]]:
     return [(r.outcome, r.reason, r.memory.content if r.memory else "") for r in results]
 
@@ -114,14 +126,7 @@ def test_a_failed_commit_stores_none_and_the_retry_writes_each_once(tmp_path):
 def test_an_extraction_job_stores_its_memories_in_one_transaction(tmp_path):
     app = Sidecar(str(tmp_path / "job.duckdb"))
     try:
-        put = app.store.put_memories
-        calls: list[int] = []
-
-        def counted(scope, rows, changes):
-            calls.append(len(rows))
-            return put(scope, rows, changes)
-
-        app.store.put_memories = counted
+        calls = _count_puts(app)
         counts = app.extraction.run(SCOPE, [
             Turn("m1", "user", "I prefer answers in bullet points."),
             Turn("m2", "user", "I always use vim for editing config files."),
@@ -165,14 +170,7 @@ def test_a_batch_of_extraction_jobs_stores_a_users_memories_in_one_transaction(t
     batched = Sidecar(str(tmp_path / "batched.duckdb"))
     one_by_one = Sidecar(str(tmp_path / "one.duckdb"))
     try:
-        put = batched.store.put_memories
-        calls: list[int] = []
-
-        def counted(scope, rows, changes):
-            calls.append(len(rows))
-            return put(scope, rows, changes)
-
-        batched.store.put_memories = counted
+        calls = _count_puts(batched)
         _paused(batched)
         ids = _import(batched, SESSIONS)
         batched.worker._run_batch(batched.store.claim_jobs(2**62, ["extract_memories"], 64))
