@@ -41,10 +41,7 @@ class ExtractionPipeline:
         self._batch_open = True
         self._staged.clear()
         self._prefetched.clear()
-        by_user: dict[Scope, list[Job]] = {}
-        for job in jobs:
-            by_user.setdefault(Scope(job.tenant_id, job.user_id), []).append(job)
-        for scope, group in by_user.items():
+        for scope, group in _by_user(jobs).items():
             if len(group) < 2:
                 continue  # handle() reads it, from the cached view where it can
             found = {m.message_id: m for m in self.store.get_user_messages(
@@ -85,12 +82,8 @@ class ExtractionPipeline:
         of theirs stored)."""
         self._batch_open = False
         staged, self._staged = self._staged, {}
-        by_user: dict[Scope, list[Job]] = {}
-        for job in jobs:
-            if job.job_id in staged:
-                by_user.setdefault(Scope(job.tenant_id, job.user_id), []).append(job)
         failed: list[tuple[Job, Exception]] = []
-        for scope, group in by_user.items():
+        for scope, group in _by_user([job for job in jobs if job.job_id in staged]).items():
             try:
                 written = self.memories.write_many(scope, [inp for job in group for inp in staged[job.job_id][0]],
                                                    learnt_from_turns=True)
@@ -133,6 +126,14 @@ class ExtractionPipeline:
         for _, reason in result.rejected:
             counts[f"rejected_{reason}"] += 1
         return [to_input(c) for c in result.accepted], counts
+
+
+def _by_user(jobs: Sequence[Job]) -> dict[Scope, list[Job]]:
+    """The jobs of each user, in claim order."""
+    by_user: dict[Scope, list[Job]] = {}
+    for job in jobs:
+        by_user.setdefault(Scope(job.tenant_id, job.user_id), []).append(job)
+    return by_user
 
 
 def _count_writes(counts: Counter, written: Sequence[WriteResult]) -> None:
