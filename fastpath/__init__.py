@@ -5,7 +5,7 @@ _selection (fuse_scores, ranking_order, dedup, greedy_pack, select, arrange), _t
 fnv1a64, text_keys, hash_embed, WordTable, word_vector_sums, word_terms, has_token_run,
 NeedleSet), _wire (encode_item, encode_section,
 encode_dropped), _ranking (overlap_counts, best_matches, fused_top_k, hybrid_top_k, window_bm25,
-cooccurring_terms, feedback_terms, newer_first) and _int8 (int8_dot); _common holds their shared
+cooccurring_terms, feedback_terms, newer_first), _int8 (int8_dot) and _marks (voice, capitalised); _common holds their shared
 input validation.
 
 The compiled extensions are mandatory: if one is missing the import fails loudly rather than silently
@@ -16,6 +16,7 @@ from fastpath import reference
 
 try:
     from fastpath._int8 import int8_dot
+    from fastpath._marks import capitalised, voice
     from fastpath._ranking import (
         best_matches,
         cooccurring_terms,
@@ -69,6 +70,7 @@ __all__ = [
     "WordTable",
     "arrange",
     "best_matches",
+    "capitalised",
     "cooccurring_terms",
     "dedup",
     "encode_dropped",
@@ -90,6 +92,7 @@ __all__ = [
     "select",
     "text_keys",
     "tokenize",
+    "voice",
     "window_bm25",
     "word_terms",
     "word_vector_sums",

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fastpath.reference.marks import _PERSON_RE
 from sidecar.caseless import CaselessPattern, alternatives
 from sidecar.compress.summarize import _DECISION, _ERROR, _NUMBER
-from sidecar.memory.episodic.priors import _PERSON_RE
 from sidecar.memory.extract import _ANY_CUE_RE, _EPISODE_CUE_RE
 
 # Besides the patterns in use, one whose "|" sit inside sets, escapes and groups.

@@ -606,7 +606,8 @@ def test_recency_baseline_skips_what_does_not_fit():
 
 
 def test_a_turn_in_the_first_person_outranks_one_about_the_listener():
-    from sidecar.memory.episodic import Ranking, voice
+    from fastpath import voice
+    from sidecar.memory.episodic import Ranking
 
     assert voice("I started pottery, my kids love it.") == 1
     assert voice("You started pottery? Your kids must love it!") == -1
@@ -625,7 +626,8 @@ def test_a_turn_in_the_first_person_outranks_one_about_the_listener():
 
 
 def test_a_turn_naming_someone_or_something_is_boosted():
-    from sidecar.memory.episodic import Ranking, capitalised
+    from fastpath import capitalised
+    from sidecar.memory.episodic import Ranking
 
     assert capitalised('Hey Mel! We read "Charlotte\'s Web" in Chicago. Wow. Ok') == ("mel", "charlotte", "web",
                                                                                      "chicago")
@@ -1006,7 +1008,7 @@ def test_voice_and_capitalised_answer_as_their_plain_patterns(text):
     # assertions of a capitalised word tried at every position.
     import re
 
-    from sidecar.memory.episodic.priors import capitalised, voice
+    from fastpath import capitalised, voice
 
     person = re.compile(r"\b(i|i'm|i've|i'd|i'll|me|my|mine|myself|we|we're|we've|us|our|ours"
                         r"|(you|your|you're|you've|you'd|you'll|yours|yourself))\b", re.I)

@@ -48,7 +48,6 @@ The experiments behind the defaults are in docs/episodic-tuning-history.md."""
 from sidecar.memory.episodic.dates import date_label, day_number, query_dates, query_days, render_turn
 from sidecar.memory.episodic.expansion import precompute_similar, similar_rows, table_stems
 from sidecar.memory.episodic.index import INDEXED_ROLES
-from sidecar.memory.episodic.priors import capitalised, voice
 from sidecar.memory.episodic.ranking import DEFAULT_RANKING, MODEL_RANKING, Ranking
 from sidecar.memory.episodic.scoring import asks_for_kinds, asks_when
 from sidecar.memory.episodic.snapshots import (
@@ -65,7 +64,7 @@ __all__ = [
     "CLEAN_MARK", "DEFAULT_RANKING", "INDEXED_ROLES", "MAX_SNAPSHOT_BYTES", "MAX_TOTAL_TURNS",
     "MAX_TURNS_PER_USER",
     "MAX_USERS", "MODEL_RANKING", "QUESTION_WORDS", "SAVE_AT_CLOSE_S", "SNAPSHOT_VERSION", "EpisodicSource",
-    "Ranking", "asks_for_kinds", "asks_when", "capitalised", "date_label", "day_number",
+    "Ranking", "asks_for_kinds", "asks_when", "date_label", "day_number",
     "names_pattern", "precompute_similar", "query_dates", "query_days", "render_turn", "similar_rows",
-    "snapshot_dir", "stem", "table_stems", "terms", "voice",
+    "snapshot_dir", "stem", "table_stems", "terms",
 ]

@@ -23,7 +23,7 @@ from sidecar.memory.episodic.columns import StrColumn, StrLookup
 from sidecar.memory.episodic.dates import _day_item, day_number, render_turn, utc_day
 from sidecar.memory.episodic.expansion import QueryExpansion
 from sidecar.memory.episodic.lexical import WindowScoring, _decay
-from sidecar.memory.episodic.priors import Priors, capitalised, voice
+from sidecar.memory.episodic.priors import Priors
 from sidecar.memory.episodic.scoring import Fusion
 from sidecar.memory.episodic.snapshots import pack, unpack
 from sidecar.memory.episodic.terms import terms
@@ -192,8 +192,8 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
             self.row_terms.append(tuple(counts))
             self.row_tfs.append(tuple(counts.values()))
             self.doc_len[row] = len(words)
-            self.voice[row] = voice(m.text)
-            self.row_caps.append(capitalised(m.text))
+            self.voice[row] = fastpath.voice(m.text)
+            self.row_caps.append(fastpath.capitalised(m.text))
             self.total_len += len(words)
         self._post_rows(start, end)
         # A new speaker's name (or a nickname it starts with: "Mel") is no proper noun in any turn.

@@ -1,53 +1,22 @@
 """Priors: multipliers of a turn's fused score. Query-dependent ones (a person the query names, or the
 role it asks about; a month, year or day it names) and query-independent ones (a session's first
-turns, a turn's voice, a turn naming someone or something that is no speaker), with the per-turn
-features the latter read (voice, capitalised), computed when a turn is indexed. Priors' methods are
-mixed into _UserIndex (index.py)."""
+turns, a turn's voice, a turn naming someone or something that is no speaker); the per-turn features
+the latter read (fastpath.voice, fastpath.capitalised) are computed when a turn is indexed. Priors'
+methods are mixed into _UserIndex (index.py)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
-from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sidecar.caseless import CaselessPattern
 from sidecar.memory.episodic.dates import _EPOCH, query_dates, query_days
 from sidecar.memory.episodic.terms import _WORD_RE
 from sidecar.memory.question_person import asked_about
 
 if TYPE_CHECKING:
     from sidecar.memory.episodic.ranking import Ranking
-
-
-# First-person words, and (group 2) second-person ones. A word's first letter is looked for first, so
-# the boundary and the alternatives are tried only where one stands (a third less time on long turns).
-_PERSON_RE = re.compile(r"(?=[imouwy])\b(i|i'm|i've|i'd|i'll|me|my|mine|myself|we|we're|we've|us|our|ours"
-                        r"|(you|your|you're|you've|you'd|you'll|yours|yourself))\b", re.I)
-_PERSON = CaselessPattern(_PERSON_RE)
-_SECOND = itemgetter(1)
-
-
-def voice(text: str) -> int:
-    """+1 when a turn says more "I/my/we" than "you/your" (it tells of its speaker), -1 when more
-    "you/your" (it tells of the listener), else 0."""
-    found = _PERSON.findall(text)  # (word, the word if second-person else "") each
-    own = list(map(_SECOND, found)).count("")
-    other = len(found) - own
-    return (own > other) - (other > own)
-
-
-# A capitalised word that does not open a sentence: a name ("Laura", "Chicago", "Charlotte's Web").
-# The capital is matched first and what stands before it checked behind it (no word character, no
-# sentence end, not the text's start), so re skips to capitals instead of trying every position.
-_CAPITAL_RE = re.compile(r"[A-Z](?<!\w[A-Z])(?<![.!?]\s[A-Z])(?<![.!?]\s\"[A-Z])(?<!^[A-Z])[a-z]+")
-
-
-def capitalised(text: str) -> tuple[str, ...]:
-    """The lowercased words a turn capitalises inside its sentences."""
-    return tuple(dict.fromkeys(" ".join(_CAPITAL_RE.findall(text)).lower().split()))  # each word is [A-Z][a-z]+
 
 
 class Priors:
