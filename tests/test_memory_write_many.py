@@ -4,11 +4,14 @@ transaction: all or none, and a retry after a failed commit writes each once."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import duckdb
 import pytest
 
 from sidecar import jobs as jobs_module
 from sidecar.app import Sidecar
-from sidecar.domain import Authority, JobStatus, MemoryStatus, MemoryType, Scope
+from sidecar.domain import Authority, JobStatus, MemoryChange, MemoryStatus, MemoryType, Scope
 from sidecar.memory.service import MemoryInput
 from sidecar.textmodel import Turn
 
@@ -135,6 +138,22 @@ def test_an_extraction_job_stores_its_memories_in_one_transaction(tmp_path):
         written = sum(counts[k] for k in ("created", "merged", "superseded_older"))
         assert written >= 2 and calls == [written]
         assert len(app.store.memories_with_embeddings(SCOPE)) == written
+    finally:
+        app.close()
+
+
+def test_a_create_of_a_stored_memory_id_fails_whole_and_stores_nothing(tmp_path):
+    """DuckDB deletes no row before inserting a memory the write created (a statement each): were that
+    id stored after all, the primary key fails the whole write rather than leaving two rows."""
+    app = _app(tmp_path, "pk")
+    try:
+        before = _stored(app)
+        (stored, blob), (other, other_blob) = app.store.memories_with_embeddings(SCOPE)[:2]
+        twin, edited = replace(stored, content="changed"), replace(other, content="edited too")
+        with pytest.raises(duckdb.ConstraintException):
+            app.store.put_memories(SCOPE, [(edited, other_blob), (twin, blob)],
+                                   [MemoryChange(edited, "update", "", 1), MemoryChange(twin, "create", "", 1)])
+        assert _stored(app) == before
     finally:
         app.close()
 

@@ -392,8 +392,13 @@ class DuckDBStore:
     # ------------------------------------------------------------------ long-term memory
     def put_memories(self, scope: Scope, rows: Sequence[tuple[Memory, bytes]], changes: Sequence[MemoryChange]) -> None:
         """Insert or replace memory rows and append their history, in one transaction."""
+        # A memory created in this write has no row to replace (a statement each costs ~1 ms); were one
+        # there, the primary key would fail the insert and roll the whole write back.
+        created = {ch.memory.memory_id for ch in changes if ch.action == "create"}
         with self._tx() as c:
             for m, _ in rows:
+                if m.memory_id in created:
+                    continue
                 c.execute("DELETE FROM memories WHERE tenant_id = ? AND user_id = ? AND memory_id = ?",
                           [scope.tenant_id, scope.user_id, m.memory_id])
             self._insert_many(c, "memories", "tenant_id, user_id, " + records.MEMORY_COLS + ", embedding", [
