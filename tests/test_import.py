@@ -6,10 +6,13 @@ sessions' dates whatever their order in the call."""
 from __future__ import annotations
 
 import grpc
+import numpy as np
 import pytest
 
 from sidecar.api import context_service_pb2 as pb
 from sidecar.domain import Scope
+from sidecar.memory.episodic.columns import StrLookup
+from sidecar.memory.episodic.snapshots import unpack
 from sidecar.services import limits
 from tests.grpc_assert import expect_status
 from tests.test_bulk_ingest import QUESTIONS, SESSIONS, _FailingInsert, _messages, _replay, _stored
@@ -295,11 +298,11 @@ def test_a_history_imported_session_by_session_is_indexed_as_one_imported_at_onc
     days = [*enumerate(SESSIONS), *((day + 3, [t.replace("I", "We") for t in turns]) for day, turns in enumerate(SESSIONS))]
     for day, turns in days:
         _import(stub, by_session, [_past(day, turns)])
-    assert reads == ["steps"]  # only the first import: the user was not in memory
+    assert reads == []  # the first import was the user's whole history: indexed as imported, not read back
     _import(stub, at_once, [_past(day, turns) for day, turns in days])
-    for day, turns in reversed(days):  # each before the others: rebuilt every time
+    for day, turns in reversed(days):  # each before the others: rebuilt every time after the first
         _import(stub, backwards, [_past(day, turns)])
-    assert reads.count("back") == len(days)
+    assert reads.count("back") == len(days) - 1 and "once" not in reads
     for scope in (by_session, at_once, backwards):
         state = _index_of(app, scope)
         assert list(state.ids) == [m.message_id for m in rows_of(Scope(scope.tenant_id, scope.user_id), [1, 2])]
@@ -314,3 +317,82 @@ def test_a_history_imported_session_by_session_is_indexed_as_one_imported_at_onc
     assert reads == ["steps"]
     state = _index_of(app, by_session)
     assert list(state.ids) == [m.message_id for m in rows_of(Scope("import-steps", "steps"), [1, 2])]
+
+
+def _rebuilt(app, scope: pb.Scope):
+    """The user's index built again from rows, as a restart would build it."""
+    own = Scope(scope.tenant_id, scope.user_id)
+    app.episodic.drop_user(own)
+    app.episodic._user(own, warm=True)
+    return _index_of(app, scope)
+
+
+def test_a_new_users_import_is_indexed_from_its_turns_as_rows_would_index_it(fresh_server):
+    stub, app = fresh_server.stub, fresh_server.app
+    scope = pb.Scope(tenant_id="import-whole", user_id="new")
+    hostile = ["数据库 restart 禁止 😀 " * 300, "ERROR pod-7 OOMKilled\n" * 400, "I told you: my DB is Postgres."]
+    # Given newest first, a session of tool output between them: the index holds the turns in timeline order.
+    _import(stub, scope, [_past(3, hostile), _past(0, SESSIONS[0]), _past(1, SESSIONS[1], closed=True)])
+    built = _index_of(app, scope)
+    assert len(built) == len(hostile) + len(SESSIONS[0]) + len(SESSIONS[1])
+    meta, recalled = app.episodic._meta(), _recall(app, scope)
+    frozen = _saved(built, meta)
+    rebuilt = _rebuilt(app, scope)
+    assert recalled and _recall(app, scope) == recalled and _saved(rebuilt, meta) == frozen
+
+
+def _saved(state, meta: tuple) -> dict:
+    """What the index saves (its snapshot's state) in comparable form: arrays and lookups as lists."""
+    def plain(x):
+        if isinstance(x, np.ndarray):
+            return (str(x.dtype), x.tolist())
+        if isinstance(x, StrLookup):
+            return plain(x.column.tolist()), plain(x._slots)
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [plain(v) for v in x]
+        return x
+
+    return plain(unpack(state.freeze(meta)))
+
+
+def test_an_import_whose_turn_is_deleted_before_it_is_indexed_is_indexed_without_it(fresh_server):
+    """A deletion that lands between the import's commit and its indexing: the imported turns are no
+    longer the user's messages, so the index is read from rows."""
+    stub, app = fresh_server.stub, fresh_server.app
+    scope = pb.Scope(tenant_id="import-whole", user_id="raced")
+    own = Scope(scope.tenant_id, scope.user_id)
+    index_import = app.episodic.on_import
+    deleted: list[str] = []
+
+    def deleting_first(s, batch):
+        victim = batch[0].plan.out[2]
+        app.deletion.delete_messages(s, victim.session_id, [victim.message_id])
+        deleted.append(victim.message_id)
+        index_import(s, batch)
+
+    app.store.import_listeners[app.store.import_listeners.index(index_import)] = deleting_first
+    try:
+        _import(stub, scope, [_past(day, turns) for day, turns in enumerate(SESSIONS)])
+    finally:
+        app.store.import_listeners[app.store.import_listeners.index(deleting_first)] = index_import
+    state = _index_of(app, scope)
+    assert deleted and deleted[0] not in state.known and len(state) == sum(map(len, SESSIONS)) - 1
+    assert list(state.ids) == [m.message_id for m in app.store.list_user_messages(own, [1, 2])]
+
+
+def test_sessions_of_one_millisecond_are_indexed_in_the_databases_order(fresh_server, monkeypatch):
+    """Two imported sessions that began in the same millisecond: the rows' order (by id, in the
+    database's collation) is read back rather than assumed."""
+    stub, app = fresh_server.stub, fresh_server.app
+    reads: list[str] = []
+    rows_of = app.store.list_user_messages
+    monkeypatch.setattr(app.store, "list_user_messages", lambda s, roles, newest=None: reads.append(s.user_id)
+                        or rows_of(s, roles, newest))
+    scope = pb.Scope(tenant_id="import-whole", user_id="same-ms")
+    twins = [pb.ImportedSession(session_id=sid, messages=_messages(turns, 0)) for sid, turns in (("b", SESSIONS[1]),
+                                                                                                 ("A", SESSIONS[0]))]
+    _import(stub, scope, twins)
+    assert reads == ["same-ms"]
+    assert list(_index_of(app, scope).ids) == [m.message_id for m in rows_of(Scope("import-whole", "same-ms"), [1, 2])]

@@ -360,6 +360,22 @@ def test_get_messages_by_id(backend, scope):
     assert backend.stored_message_ids(scope, wanted) == {out[2].message_id, other[0].message_id}
 
 
+def test_holds_only_messages(backend, scope):
+    new_session(backend, scope)
+    new_session(backend, scope, "s2")
+    out = backend.append_messages(scope, "s1", [NewMessage(role=Role.USER, text=t) for t in "abc"], counts(3), now_ms=5)
+    ids = [m.message_id for m in out]
+    assert backend.holds_only_messages(scope, ids) and backend.holds_only_messages(scope, ids[::-1] + ids[:1])
+    assert not backend.holds_only_messages(scope, ids[:2])  # another message is stored
+    assert not backend.holds_only_messages(scope, [*ids, "msg_absent"])  # one of them is not
+    assert not backend.holds_only_messages(Scope(scope.tenant_id, "bob"), ids)
+    assert backend.holds_only_messages(Scope(scope.tenant_id, "bob"), [])
+    more = backend.append_messages(scope, "s2", [NewMessage(role=Role.ASSISTANT, text="d")], counts(1), now_ms=6)
+    assert not backend.holds_only_messages(scope, ids)  # one in another session
+    backend.delete_messages(scope, "s1", [ids[0]])
+    assert backend.holds_only_messages(scope, [*ids[1:], more[0].message_id])
+
+
 def test_tool_calls_round_trip(backend, scope):
     new_session(backend, scope)
     calls = (ToolCall("call_1", "query_logs", '{"service": "payment-api", "note": "ünïcode"}'), ToolCall("c:2", "noop"))

@@ -649,6 +649,13 @@ class DuckDBStore:
                                           "list_contains(?, message_id)",
                                           [scope.tenant_id, scope.user_id, list(message_ids)])}
 
+    def holds_only_messages(self, scope: Scope, message_ids: Sequence[str]) -> bool:
+        """Whether the user's stored messages are exactly these (each stored, no other, in any session)."""
+        total, these = self._query("SELECT count(*), count(*) FILTER (WHERE list_contains(?, message_id)) FROM messages "
+                                   "WHERE tenant_id = ? AND user_id = ?",
+                                   [list(message_ids), scope.tenant_id, scope.user_id])[0]
+        return total == these == len(set(message_ids))
+
     def get_user_messages(self, scope: Scope, message_ids: Sequence[str]) -> list[Message]:
         """The user's messages with these ids, from any of their sessions (by session, then seq): one
         query for what a batch of after-turn jobs reads."""

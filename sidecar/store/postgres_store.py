@@ -342,6 +342,13 @@ class PostgresStore:
                                                  "AND message_id = ANY(%s)",
                                           [scope.tenant_id, scope.user_id, list(message_ids)])}
 
+    def holds_only_messages(self, scope: Scope, message_ids: Sequence[str]) -> bool:
+        """Whether the user's stored messages are exactly these (each stored, no other, in any session)."""
+        total, these = self._query(scope, "SELECT count(*), count(*) FILTER (WHERE message_id = ANY(%s)) FROM messages "
+                                          "WHERE tenant_id = %s AND user_id = %s",
+                                   [list(message_ids), scope.tenant_id, scope.user_id])[0]
+        return total == these == len(set(message_ids))
+
     def get_user_messages(self, scope: Scope, message_ids: Sequence[str]) -> list[Message]:
         """The user's messages with these ids, from any of their sessions (by session, then seq)."""
         if not message_ids:

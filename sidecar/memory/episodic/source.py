@@ -210,8 +210,9 @@ class EpisodicSource:
         would be (a history imported session by session costs each session's turns, not the whole
         history again). Otherwise the user's index is rebuilt from rows, in timeline order, as a
         restart would rebuild it, with its ranking caches (the user's next question often comes
-        next); without the lock, as a first call loads a user (_user), so other users' calls do not
-        wait behind a large import's build."""
+        next), or, for a user with no other history, from the imported turns themselves (the same
+        turns in the same order, not read back); without the lock, as a first call loads a user
+        (_user), so other users' calls do not wait behind a large import's build."""
         if self._added_in_place(scope, imported):
             return
         key = (scope.tenant_id, scope.user_id)
@@ -222,7 +223,7 @@ class EpisodicSource:
             if state is not None:
                 self._ranked.drop(state)
         try:
-            self._user(scope, warm=True)
+            self._user(scope, warm=True, imported=imported)
         except Exception:
             log.exception("episodic index rebuild failed for a user; rebuilt from rows on next use")
             self.drop_user(scope)
@@ -287,13 +288,16 @@ class EpisodicSource:
             state = self._users.get((scope.tenant_id, scope.user_id))
             return len(state) if state else 0
 
-    def _user(self, scope: Scope, warm: bool = False) -> _UserIndex:
+    def _user(self, scope: Scope, warm: bool = False, imported: Sequence[SessionImport] = ()) -> _UserIndex:
         """The user's index, loaded on first use (restored from its snapshot, or built from rows) without
         the lock, so calls for other users do not wait behind the read and the build; it is kept only if
         no change of the user's stripe landed meanwhile (turns appended, hidden, forgotten; the knobs
         changed), else loaded again (ChangeSerials.load). `warm`: a loaded index's ranking caches are
-        made before it is kept, while no other call can see it (_UserIndex.warm)."""
+        made before it is kept, while no other call can see it (_UserIndex.warm). `imported`: sessions
+        just stored, built from as they are when they are the user's whole history (_from_import; the
+        first read only: one that a change made stale reads rows)."""
         key = (scope.tenant_id, scope.user_id)
+        reads = 0
 
         def find() -> _UserIndex | None:
             state = self._users.get(key)
@@ -302,7 +306,11 @@ class EpisodicSource:
             return state
 
         def begin() -> Callable[[], tuple[_UserIndex, bool]]:
+            nonlocal reads
+            reads += 1
             read = partial(self._read, scope, self._snapshot_path(key), self.embedder, self.ranking, self._meta())
+            if imported and reads == 1:
+                read = partial(self._from_import, scope, imported, self.embedder, self.ranking, read)
             return partial(_warmed, read, self.ranking) if warm else read
 
         def keep(got: tuple[_UserIndex, bool]) -> _UserIndex:
@@ -333,15 +341,33 @@ class EpisodicSource:
         return self._from_rows(scope, embedder, ranking), snapshot is not None
 
     def _from_rows(self, scope: Scope, embedder: Embedder, ranking: Ranking) -> _UserIndex:
+        # Read no more than the cap allows (a long history must not make this slower over time).
+        return self._built(scope, self._rows(scope, self.max_turns_per_user + 1), embedder, ranking)
+
+    def _from_import(self, scope: Scope, imported: Sequence[SessionImport], embedder: Embedder, ranking: Ranking,
+                     read: Callable[[], tuple[_UserIndex, bool]]) -> tuple[_UserIndex, bool]:
+        """The user's index from the turns of sessions just imported when they are the user's stored
+        messages, all of them and no other (what _rows would read: asked after the change serial was
+        taken, so a deletion or an append since the import is seen here or makes the load stale), and
+        no two of the sessions began in the same millisecond (the database orders those by its
+        collation of their ids); else read()."""
+        ordered = sorted(imported, key=lambda item: (item.session.created_at_ms, item.session.session_id))
+        messages = [m for item in ordered for m in item.plan.out]
+        if (len({item.session.created_at_ms for item in ordered}) < len(ordered)
+                or any(item.session.parent_session_id for item in ordered)
+                or not self.store.holds_only_messages(scope, [m.message_id for m in messages])):
+            return read()
+        return self._built(scope, [m for m in messages if m.role in INDEXED_ROLES], embedder, ranking), False
+
+    def _built(self, scope: Scope, turns: list[Message], embedder: Embedder, ranking: Ranking) -> _UserIndex:
+        """The index of the user's turns in timeline order (the newest cap + 1 at least, if there are more)."""
         window, date_headers, context, context_chars, context_mix, stemmed = _index_knobs(ranking)
         state = _UserIndex(dim=embedder.dim, window=window, dated=not date_headers, context=context,
                            context_chars=context_chars, context_mix=context_mix)
-        # Read no more than the cap allows (a long history must not make this slower over time); past
-        # the cap keep the newest three quarters, so the next compaction is a quarter of the cap away.
-        rows = self._rows(scope, self.max_turns_per_user + 1)
-        if len(rows) > self.max_turns_per_user:
-            rows = rows[-(self.max_turns_per_user * 3 // 4):]
-        state.add(rows, embedder, stemmed)
+        # Past the cap keep the newest three quarters, so the next compaction is a quarter of the cap away.
+        if len(turns) > self.max_turns_per_user:
+            turns = turns[-(self.max_turns_per_user * 3 // 4):]
+        state.add(turns, embedder, stemmed)
         state.hide(self.store.recall_exclusions(scope))  # a snapshot holds them (exclude deletes it)
         return state
 
