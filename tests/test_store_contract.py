@@ -360,20 +360,18 @@ def test_get_messages_by_id(backend, scope):
     assert backend.stored_message_ids(scope, wanted) == {out[2].message_id, other[0].message_id}
 
 
-def test_holds_only_messages(backend, scope):
-    new_session(backend, scope)
-    new_session(backend, scope, "s2")
-    out = backend.append_messages(scope, "s1", [NewMessage(role=Role.USER, text=t) for t in "abc"], counts(3), now_ms=5)
-    ids = [m.message_id for m in out]
-    assert backend.holds_only_messages(scope, ids) and backend.holds_only_messages(scope, ids[::-1] + ids[:1])
-    assert not backend.holds_only_messages(scope, ids[:2])  # another message is stored
-    assert not backend.holds_only_messages(scope, [*ids, "msg_absent"])  # one of them is not
-    assert not backend.holds_only_messages(Scope(scope.tenant_id, "bob"), ids)
-    assert backend.holds_only_messages(Scope(scope.tenant_id, "bob"), [])
-    more = backend.append_messages(scope, "s2", [NewMessage(role=Role.ASSISTANT, text="d")], counts(1), now_ms=6)
-    assert not backend.holds_only_messages(scope, ids)  # one in another session
-    backend.delete_messages(scope, "s1", [ids[0]])
-    assert backend.holds_only_messages(scope, [*ids[1:], more[0].message_id])
+def test_user_message_ids(backend, scope):
+    new_session(backend, scope, "s2", created=5)
+    new_session(backend, scope, "s1", created=5)  # the same millisecond: by id
+    new_session(backend, scope, "s0", created=9)
+    late = backend.append_messages(scope, "s0", msgs("e"), counts(1), now_ms=5)
+    two = backend.append_messages(scope, "s2", msgs("c", "d"), counts(2), now_ms=6)
+    one = backend.append_messages(scope, "s1", [NewMessage(role=Role.TOOL, text="a", tool_call_id="c1"),
+                                                NewMessage(role=Role.USER, text="b")], counts(2), now_ms=7)
+    assert backend.user_message_ids(scope) == [m.message_id for m in one + two + late]
+    assert backend.user_message_ids(Scope(scope.tenant_id, "bob")) == []
+    backend.delete_messages(scope, "s2", [two[0].message_id])
+    assert backend.user_message_ids(scope) == [m.message_id for m in one + two[1:] + late]
 
 
 def test_tool_calls_round_trip(backend, scope):

@@ -342,12 +342,12 @@ class PostgresStore:
                                                  "AND message_id = ANY(%s)",
                                           [scope.tenant_id, scope.user_id, list(message_ids)])}
 
-    def holds_only_messages(self, scope: Scope, message_ids: Sequence[str]) -> bool:
-        """Whether the user's stored messages are exactly these (each stored, no other, in any session)."""
-        total, these = self._query(scope, "SELECT count(*), count(*) FILTER (WHERE message_id = ANY(%s)) FROM messages "
-                                          "WHERE tenant_id = %s AND user_id = %s",
-                                   [list(message_ids), scope.tenant_id, scope.user_id])[0]
-        return total == these == len(set(message_ids))
+    def user_message_ids(self, scope: Scope) -> list[str]:
+        """The ids of all the user's messages, of every session, in timeline order (list_user_messages')."""
+        return [r[0] for r in self._query(
+            scope, "SELECT m.message_id FROM messages m JOIN sessions s ON s.tenant_id = m.tenant_id "
+                   "AND s.user_id = m.user_id AND s.session_id = m.session_id WHERE m.tenant_id = %s AND m.user_id = %s "
+                   f"ORDER BY {records.user_timeline_order(False)}", [scope.tenant_id, scope.user_id])]
 
     def get_user_messages(self, scope: Scope, message_ids: Sequence[str]) -> list[Message]:
         """The user's messages with these ids, from any of their sessions (by session, then seq)."""

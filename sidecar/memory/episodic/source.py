@@ -346,18 +346,17 @@ class EpisodicSource:
 
     def _from_import(self, scope: Scope, imported: Sequence[SessionImport], embedder: Embedder, ranking: Ranking,
                      read: Callable[[], tuple[_UserIndex, bool]]) -> tuple[_UserIndex, bool]:
-        """The user's index from the turns of sessions just imported when they are the user's stored
-        messages, all of them and no other (what _rows would read: asked after the change serial was
-        taken, so a deletion or an append since the import is seen here or makes the load stale), and
-        no two of the sessions began in the same millisecond (the database orders those by its
-        collation of their ids); else read()."""
-        ordered = sorted(imported, key=lambda item: (item.session.created_at_ms, item.session.session_id))
-        messages = [m for item in ordered for m in item.plan.out]
-        if (len({item.session.created_at_ms for item in ordered}) < len(ordered)
-                or any(item.session.parent_session_id for item in ordered)
-                or not self.store.holds_only_messages(scope, [m.message_id for m in messages])):
+        """The user's index from the turns of sessions just imported when they are all the user's
+        stored messages, no other (what _rows would read, put in the order the database gives: asked
+        after the change serial was taken, so a deletion or an append since the import is seen here or
+        makes the load stale); else read()."""
+        imported_messages = {m.message_id: m for item in imported for m in item.plan.out}
+        stored = self.store.user_message_ids(scope)
+        if (len(stored) != len(imported_messages) or not all(i in imported_messages for i in stored)
+                or any(item.session.parent_session_id for item in imported)):
             return read()
-        return self._built(scope, [m for m in messages if m.role in INDEXED_ROLES], embedder, ranking), False
+        turns = [m for i in stored if (m := imported_messages[i]).role in INDEXED_ROLES]
+        return self._built(scope, turns, embedder, ranking), False
 
     def _built(self, scope: Scope, turns: list[Message], embedder: Embedder, ranking: Ranking) -> _UserIndex:
         """The index of the user's turns in timeline order (the newest cap + 1 at least, if there are more)."""
