@@ -85,3 +85,27 @@ def test_counts_cut_where_a_letter_meets_a_space_in_long_texts():
         n = count_tokens(text)
         assert count_prefixed("user: ", text, n) == count_tokens("user: " + text)
         assert count_with_newline(text, n) == count_tokens(text + "\n")
+
+
+def test_counts_made_aside_are_count_many_whichever_thread_makes_them():
+    from sidecar.tokens import ASIDE_CHARS, count_aside, count_many
+
+    short = ["hi", "", "中文 😀"]
+    long = [f"2026-12-05T23:{i % 60:02d} ERROR pod-{i} OOMKilled, restarting" * 20 for i in range(200)]
+    assert sum(map(len, long)) >= ASIDE_CHARS > sum(map(len, short))
+    first, second = count_aside(long), count_aside(long[::-1])  # the second waits behind the first
+    later = second()  # not begun yet: counted here (or taken from the thread, if it had begun)
+    assert first() == count_many(long) and later == count_many(long[::-1])
+    assert count_aside(short)() == count_many(short) == [1, 0, count_tokens("中文 😀")]
+
+
+def test_an_imports_batches_are_prepared_as_each_alone():
+    from sidecar.domain import NewMessage, Role
+    from sidecar.services.sessions import prepare, prepare_many
+
+    batches = [[NewMessage(role=Role.USER, text=f"Never restart prod-{i}. my key is sk-live-{i:032d} " * 30),
+                NewMessage(role=Role.ASSISTANT, text="Noted: " + "中文 😀 " * 500)] for i in range(12)]
+    batches.append([NewMessage(role=Role.USER, text="ok")])
+    together = prepare_many(batches)
+    assert together == [prepare(b) for b in batches]
+    assert all(p.pinned and p.masked for p in together[:12]) and together[0].counts[1][0] > 1000

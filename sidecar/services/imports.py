@@ -13,7 +13,7 @@ from sidecar.errors import InvalidArgument, ResourceExhausted
 from sidecar.ids import new_id
 from sidecar.secrets import Masked
 from sidecar.services import limits
-from sidecar.services.sessions import SessionService, check_messages, check_session_fields, prepare
+from sidecar.services.sessions import SessionService, check_messages, check_session_fields, prepare_many
 from sidecar.services.turns import TurnService
 from sidecar.store.records import SessionImport, plan_append
 
@@ -56,9 +56,9 @@ class ImportService:
         out: list[ImportedSession | None] = [None] * len(past)
         # In timeline order, so the after-turn jobs are claimed in it: a later statement supersedes an
         # earlier one as it would have, had the sessions been committed as they happened.
-        for i in sorted(range(len(past)), key=lambda i: (began[i], ids[i])):
+        order = sorted(range(len(past)), key=lambda i: (began[i], ids[i]))
+        for i, prepared in zip(order, prepare_many([past[i].messages for i in order]), strict=True):
             p, sid = past[i], ids[i]
-            prepared = prepare(p.messages)
             session = Session(tenant_id=scope.tenant_id, user_id=scope.user_id, session_id=sid, title=p.title,
                               status=SessionStatus.CLOSED if p.closed else SessionStatus.OPEN, created_at_ms=began[i],
                               updated_at_ms=at, closed_at_ms=at if p.closed else 0, metadata=dict(p.metadata),

@@ -158,6 +158,26 @@ def prepare(messages: Sequence[NewMessage]) -> PreparedBatch:
     """Mask every secret before anything is stored, counted or indexed; count each message once
     (every later read uses the stored counts); find the user's explicit prohibitions and
     requirements, pinned verbatim at ingest (hard zone)."""
+    return prepare_many([messages])[0]
+
+
+def prepare_many(batches: Sequence[Sequence[NewMessage]]) -> list[PreparedBatch]:
+    """prepare() of each batch (an import's sessions): a long batch's tokens are counted on the counting
+    thread (tokens.count_aside) while this one masks the batches after it and finds constraints."""
+    masked_batches = [_masked(messages) for messages in batches]
+    counting = [tokens.count_aside([m.text for m in clean]) for clean, _ in masked_batches]
+    pinned = [[(i, text, tokens.count_tokens(text) + 1)
+               for i, m in enumerate(clean) if m.role == Role.USER for text in detect_constraints(m.text)]
+              for clean, _ in masked_batches]
+    # Taken last first: the counting thread works from the first batch, this one from the last.
+    alone = [counted() for counted in reversed(counting)][::-1]
+    return [PreparedBatch(clean, masked, [(n, tokens.count_prefixed(render_message_line(m.role, m.speaker, ""), m.text, n))
+                                          for m, n in zip(clean, counts, strict=True)], pins)
+            for (clean, masked), counts, pins in zip(masked_batches, alone, pinned, strict=True)]
+
+
+def _masked(messages: Sequence[NewMessage]) -> tuple[list[NewMessage], list[tuple[int, Masked]]]:
+    """The messages with every secret masked (text and tool call arguments), and what was masked."""
     masked: list[tuple[int, Masked]] = []
     clean: list[NewMessage] = []
     for i, m in enumerate(messages):
@@ -167,11 +187,7 @@ def prepare(messages: Sequence[NewMessage]) -> PreparedBatch:
         masked += [(i, f) for f in found + in_args]
         calls = tuple(replace(c, arguments_json=a) for c, (a, _) in zip(m.tool_calls, args, strict=True))
         clean.append(replace(m, text=text, tool_calls=calls) if found or in_args else m)
-    counts = [(n, tokens.count_prefixed(render_message_line(m.role, m.speaker, ""), m.text, n))
-              for m, n in zip(clean, tokens.count_many([m.text for m in clean]), strict=True)]
-    pinned = [(i, text, tokens.count_tokens(text) + 1)
-              for i, m in enumerate(clean) if m.role == Role.USER for text in detect_constraints(m.text)]
-    return PreparedBatch(clean, masked, counts, pinned)
+    return clean, masked
 
 
 def check_tool_calls(m: NewMessage, field: str) -> None:
