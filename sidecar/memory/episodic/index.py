@@ -234,11 +234,12 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
             for row in range(start, end):
                 self._post(row)
             return
-        vocab = self.vocab
-        ids = [vocab.setdefault(t, len(vocab)) for row in self.row_terms[:end] for t in row]  # new terms, new ids
-        self.words.extend(itertools.islice(vocab, len(self.words), None))
+        vocab = self.vocab  # empty, as `words` is
+        said = list(itertools.chain.from_iterable(self.row_terms[:end]))
+        vocab.update(zip(dict.fromkeys(said), itertools.count()))  # ids in the order terms are first said
+        self.words.extend(vocab)
         lens = np.fromiter(map(len, self.row_terms[:end]), np.int64, end)
-        at = np.array(ids, np.int32)
+        at = np.fromiter(map(vocab.__getitem__, said), np.int32, len(said))
         self.term_at = np.concatenate([at, np.zeros(max(len(at), 4096), np.int32)])
         self.term_ptr = np.zeros(max(end + 1, len(self.term_ptr)), np.int64)
         np.cumsum(lens, out=self.term_ptr[1:end + 1])
@@ -250,7 +251,7 @@ class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not
         post_ptr = np.zeros(size + 1, np.int64)
         np.cumsum(counts, out=post_ptr[1:])
         rows = np.repeat(np.arange(end, dtype=np.int64), lens)[order]
-        tfs = np.fromiter(itertools.chain.from_iterable(self.row_tfs[:end]), np.float32, len(ids))[order]
+        tfs = np.fromiter(itertools.chain.from_iterable(self.row_tfs[:end]), np.float32, len(said))[order]
         self.postings = _Postings(vocab, post_ptr, rows, tfs)
         self.arrays = {}
 
