@@ -294,8 +294,8 @@ class EpisodicSource:
         no change of the user's stripe landed meanwhile (turns appended, hidden, forgotten; the knobs
         changed), else loaded again (ChangeSerials.load). `warm`: a loaded index's ranking caches are
         made before it is kept, while no other call can see it (_UserIndex.warm). `imported`: sessions
-        just stored, built from as they are when they are the user's whole history (_from_import; the
-        first read only: one that a change made stale reads rows)."""
+        just stored; the first read builds the index from their turns when they are the user's whole
+        history (_from_import), a read after a change made it stale reads rows."""
         key = (scope.tenant_id, scope.user_id)
         reads = 0
 
@@ -359,7 +359,7 @@ class EpisodicSource:
         return self._built(scope, turns, embedder, ranking), False
 
     def _built(self, scope: Scope, turns: list[Message], embedder: Embedder, ranking: Ranking) -> _UserIndex:
-        """The index of the user's turns in timeline order (the newest cap + 1 at least, if there are more)."""
+        """The index of these turns of the user, in timeline order (past the cap, the newest of them)."""
         window, date_headers, context, context_chars, context_mix, stemmed = _index_knobs(ranking)
         state = _UserIndex(dim=embedder.dim, window=window, dated=not date_headers, context=context,
                            context_chars=context_chars, context_mix=context_mix)
