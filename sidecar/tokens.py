@@ -83,7 +83,7 @@ def count_prefixed(prefix: str, text: str, counted: int) -> int:
     if not i:
         return count_tokens(prefix + text)
     head = text[:i]
-    return counted - count_tokens(head) + count_tokens(prefix + head)
+    return counted + _head_cost(prefix, head)
 
 
 def count_with_newline(text: str, counted: int) -> int:
@@ -91,8 +91,22 @@ def count_with_newline(text: str, counted: int) -> int:
     i = _cut_near_end(text)
     if not i:
         return count_tokens(text + "\n")
-    tail = text[i:]
-    return counted - count_tokens(tail) + count_tokens(tail + "\n")
+    return counted + _newline_cost(text[i:])
+
+
+# The pieces repeat (a role label and a first word, a last word and its punctuation: in a replayed
+# history eight of ten are seen before), so what each adds is kept rather than counted twice again.
+PIECES_KEPT = 1 << 14
+
+
+@functools.lru_cache(maxsize=PIECES_KEPT)
+def _head_cost(prefix: str, head: str) -> int:
+    return count_tokens(prefix + head) - count_tokens(head)
+
+
+@functools.lru_cache(maxsize=PIECES_KEPT)
+def _newline_cost(tail: str) -> int:
+    return count_tokens(tail + "\n") - count_tokens(tail)
 
 
 def count_line(text: str) -> int:
@@ -282,5 +296,7 @@ def counter(name: str) -> TokenCounter:
 def clear_caches() -> None:
     """Forget every counter's counts by text (a deletion: deleted words must not live on in memory)."""
     count_tokens_cached.cache_clear()
+    _head_cost.cache_clear()
+    _newline_cost.cache_clear()
     for c in COUNTERS.values():
         c.cache_clear()

@@ -11,7 +11,7 @@ import grpc
 from sidecar.api import context_service_pb2 as pb
 from sidecar.compress.constraints import constraint_key
 from sidecar.memory.episodic import names_pattern
-from sidecar.tokens import count_line, count_tokens_cached
+from sidecar.tokens import _head_cost, _newline_cost, count_line, count_tokens_cached
 from tests.adversity.harness import all_memories, duckdb_sql, scan_objects, table_mentions
 from tests.conftest import Running
 from tests.grpc_assert import expect_status
@@ -80,7 +80,8 @@ def _residue(running, mark: str) -> list[str]:
 def _text_caches() -> list[str]:
     """The process-wide caches keyed by text, which a deletion empties (they cannot be searched)."""
     return [f"{f.__name__} holds {f.cache_info().currsize} texts"
-            for f in (count_tokens_cached, constraint_key, names_pattern) if f.cache_info().currsize]
+            for f in (count_tokens_cached, _head_cost, _newline_cost, constraint_key, names_pattern)
+            if f.cache_info().currsize]
 
 
 def test_delete_messages_takes_the_turns_and_what_was_learnt_only_from_them(fresh_server):
