@@ -168,11 +168,12 @@ def test_a_cold_users_recall_index_load_does_not_hold_up_other_users(app, monkey
 
 
 def test_an_imports_index_build_does_not_hold_up_other_users(app, monkeypatch):
-    """ImportSessions rebuilds the user's recall index from rows (the sessions may sit anywhere in their
-    timeline); other users' recall goes on meanwhile, and the import's user is in memory, caches made."""
+    """ImportSessions builds the user's recall index (from the imported turns once the store says they
+    are all the user has; else from rows); other users' recall goes on meanwhile, and the import's
+    user is in memory, caches made."""
     _say(app, BOB, "I deploy the payment service on Fridays.")
     assert _recalled(app, BOB, "payment service deploy")
-    reading, go = _hold_read(app, monkeypatch, ANN, method="list_user_messages")
+    reading, go = _hold_read(app, monkeypatch, ANN, method="user_message_ids")
     importer, _ = _in_thread(lambda: app.imports.import_sessions(
         ANN, [PastSession(messages=[NewMessage(role=Role.USER, text=t) for t in RIVER])]))
     _bob_recalls_meanwhile(app, reading, go)
