@@ -49,6 +49,10 @@ from sidecar.store.schema import MIGRATIONS
 DEFAULT_MEMORY_LIMIT = "512MB"
 
 
+# The columns finish_jobs writes, as records.job_update_row gives them.
+_JOB_UPDATE = ("job_id", "status", "attempts", "error", "done_items", "total_items", "updated_at_ms", "result")
+
+
 class DuckDBStore:
     def __init__(self, path: str, *, memory_limit: str = DEFAULT_MEMORY_LIMIT) -> None:
         if path != ":memory:":
@@ -358,9 +362,9 @@ class DuckDBStore:
                              [int(JobStatus.QUEUED), *(kinds or []), limit]).fetchall()
             jobs = [records.job_from(r) for r in rows]
             if jobs:
-                c.execute(f"UPDATE jobs SET status = ?, attempts = attempts + 1, updated_at_ms = ? "
-                          f"WHERE job_id IN ({', '.join('?' * len(jobs))})",
-                          [int(JobStatus.RUNNING), now_ms, *(j.job_id for j in jobs)])
+                c.execute("UPDATE jobs SET status = ?, attempts = attempts + 1, updated_at_ms = ? "
+                          "WHERE list_contains(?, job_id)",  # the ids as one list: a parameter each costs more
+                          [int(JobStatus.RUNNING), now_ms, [j.job_id for j in jobs]])
             for job in jobs:
                 job.status, job.attempts, job.updated_at_ms = JobStatus.RUNNING, job.attempts + 1, now_ms
             return jobs
@@ -373,14 +377,13 @@ class DuckDBStore:
         if not jobs:
             return
         with self._tx() as c:
-            # One statement for the batch: a VALUES list joined on job_id (an UPDATE per job costs a
-            # statement each).
+            # One statement for the batch, its values bound a list per column and unnested side by side
+            # (an UPDATE per job costs a statement each; a parameter per value, 8 a job, ~4 ms a batch).
             c.execute("UPDATE jobs SET status = v.status, attempts = v.attempts, error = v.error, "
                       "done_items = v.done_items, total_items = v.total_items, updated_at_ms = v.updated_at_ms, "
-                      "result = v.result FROM (VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * len(jobs))
-                      + ") AS v(job_id, status, attempts, error, done_items, total_items, updated_at_ms, result) "
-                      "WHERE jobs.job_id = v.job_id",
-                      [x for j in jobs for x in records.job_update_row(j)])
+                      "result = v.result FROM (SELECT " + ", ".join(f"unnest(?) AS {name}" for name in _JOB_UPDATE)
+                      + ") AS v WHERE jobs.job_id = v.job_id",
+                      [list(column) for column in zip(*map(records.job_update_row, jobs), strict=True)])
 
     def requeue_running_jobs(self) -> int:
         """At start-up, jobs a crashed process was running go back to the queue."""
