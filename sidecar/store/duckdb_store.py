@@ -225,8 +225,7 @@ class DuckDBStore:
         other sessions only as its result summary."""
         cols = ", ".join(f"m.{c.strip()}" for c in records.MESSAGE_COLS.split(","))
         rows = self._query(
-            f"SELECT {cols} FROM messages m JOIN sessions s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id "
-            f"AND s.session_id = m.session_id WHERE m.tenant_id = ? AND m.user_id = ? AND s.parent_session_id = '' "
+            f"SELECT {cols} FROM {records.USER_MESSAGES} WHERE m.tenant_id = ? AND m.user_id = ? AND s.parent_session_id = '' "
             f"AND m.role IN "
             f"({', '.join('?' * len(roles))}) ORDER BY {records.user_timeline_order(newest is not None)}"
             + (" LIMIT ?" if newest is not None else ""),
@@ -655,8 +654,7 @@ class DuckDBStore:
     def user_message_ids(self, scope: Scope) -> list[str]:
         """The ids of all the user's messages, of every session, in timeline order (list_user_messages')."""
         return [r[0] for r in self._query(
-            "SELECT m.message_id FROM messages m JOIN sessions s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id "
-            f"AND s.session_id = m.session_id WHERE m.tenant_id = ? AND m.user_id = ? "
+            f"SELECT m.message_id FROM {records.USER_MESSAGES} WHERE m.tenant_id = ? AND m.user_id = ? "
             f"ORDER BY {records.user_timeline_order(False)}", [scope.tenant_id, scope.user_id])]
 
     def get_user_messages(self, scope: Scope, message_ids: Sequence[str]) -> list[Message]:

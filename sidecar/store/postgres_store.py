@@ -345,8 +345,7 @@ class PostgresStore:
     def user_message_ids(self, scope: Scope) -> list[str]:
         """The ids of all the user's messages, of every session, in timeline order (list_user_messages')."""
         return [r[0] for r in self._query(
-            scope, "SELECT m.message_id FROM messages m JOIN sessions s ON s.tenant_id = m.tenant_id "
-                   "AND s.user_id = m.user_id AND s.session_id = m.session_id WHERE m.tenant_id = %s AND m.user_id = %s "
+            scope, f"SELECT m.message_id FROM {records.USER_MESSAGES} WHERE m.tenant_id = %s AND m.user_id = %s "
                    f"ORDER BY {records.user_timeline_order(False)}", [scope.tenant_id, scope.user_id])]
 
     def get_user_messages(self, scope: Scope, message_ids: Sequence[str]) -> list[Message]:
@@ -363,8 +362,7 @@ class PostgresStore:
         creation order, turns in order. Sub-sessions' messages are left out: a sub-agent's work reaches
         other sessions only as its result summary."""
         cols = ", ".join(f"m.{c.strip()}" for c in records.MESSAGE_COLS.split(","))
-        rows = self._query(scope, f"SELECT {cols} FROM messages m JOIN sessions s ON s.tenant_id = m.tenant_id AND "
-                           "s.user_id = m.user_id AND s.session_id = m.session_id WHERE m.tenant_id = %s AND "
+        rows = self._query(scope, f"SELECT {cols} FROM {records.USER_MESSAGES} WHERE m.tenant_id = %s AND "
                            f"m.user_id = %s AND s.parent_session_id = '' AND m.role = ANY(%s) ORDER BY {records.user_timeline_order(newest is not None)}"
                            + (" LIMIT %s" if newest is not None else ""),
                            [scope.tenant_id, scope.user_id, [int(r) for r in roles],

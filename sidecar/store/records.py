@@ -231,6 +231,11 @@ PINNED_COLS = "tenant_id, user_id, session_id, message_id, idx, text, tokens, cr
 PINNED_READ_COLS = "message_id, idx, text, tokens, created_at_ms, unpinned_at_ms, unpinned_by, unpin_reason, session_id"
 
 
+# A user's messages with their sessions (as m and s): the timeline's order and the sub-session test read both.
+USER_MESSAGES = ("messages m JOIN sessions s ON s.tenant_id = m.tenant_id AND s.user_id = m.user_id "
+                 "AND s.session_id = m.session_id")
+
+
 def user_timeline_order(newest_first: bool) -> str:
     """ORDER BY of a user's messages over all sessions (joined as m and s): sessions in creation order,
     turns in order; reversed when only the newest are wanted (the caller reverses the rows back)."""
