@@ -1,7 +1,7 @@
 """Context quality on long conversations (issues #8, #32), each user's past replayed through a real
 sidecar over gRPC, then every question asked in a new session of that user. Evidence recall = share of
-a question's evidence turns present in the context (as the turn itself, or through a memory whose
-source_message_ids include it), beside two baselines packed under the same budgets: recency (newest
+a question's evidence turns present in the context (as the turn itself, as a passage of it that keeps
+every word of the answer the turn says, or through a memory whose source_message_ids include it), beside two baselines packed under the same budgets: recency (newest
 turns first) and a plain BM25 over the user's turns.
 
 - LoCoMo: a conversation is a user; its questions of categories 1-4 (5 has no evidence).
@@ -29,7 +29,7 @@ import re
 import shutil
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -41,6 +41,7 @@ from sidecar.assembly.builder import SOFT_HEADER_RESERVE
 from sidecar.domain import Role
 from sidecar.index.embedders import NEEDS, model_installed, needs_extra
 from sidecar.memory.episodic import DEFAULT_RANKING, MODEL_RANKING, date_label, day_number, render_turn
+from sidecar.text import STOPWORDS
 from sidecar.tokens import count_line, count_lines, count_tokens
 
 DATA = ROOT.parent / "shared" / "data"
@@ -85,6 +86,7 @@ class Question:
     evidence: list[str]  # dia_ids of the evidence turns
     sessions: list[str] = field(default_factory=list)  # names of the evidence sessions (LongMemEval)
     asked_at_ms: int = 0  # when it was asked (LongMemEval's question_date; 0: LoCoMo gives none)
+    answer: str = ""  # the data's answer: a passage of an evidence turn counts only if it keeps its words
 
 
 @dataclass(slots=True)
@@ -187,7 +189,7 @@ def load(data: list[dict]) -> list[Conversation]:
             if not evidence:
                 conv.issues["question_without_evidence"].append(q["question"])
                 continue
-            conv.questions.append(Question(q["question"], int(q["category"]), evidence))
+            conv.questions.append(Question(q["question"], int(q["category"]), evidence, answer=str(q.get("answer", ""))))
         convs.append(conv)
     return convs
 
@@ -224,7 +226,7 @@ def load_longmemeval(data: list[dict]) -> list[Conversation]:
         else:
             conv.questions.append(Question(item["question"], item["question_type"], evidence,
                                            [a for a in answers if a in names],
-                                           parse_date(item.get("question_date", "")) or 0))
+                                           parse_date(item.get("question_date", "")) or 0, str(item.get("answer", ""))))
         convs.append(conv)
     return convs
 
@@ -376,17 +378,41 @@ def passages_of(resp, by_message: dict[str, str], whole_lines: dict[str, str]) -
     return cut - whole
 
 
+def answer_words(text: str) -> frozenset[str]:
+    """The words of an answer (or of a turn) that can say it: lowercased, stopwords left out."""
+    return frozenset(w for w in _WORD_RE.findall(text.lower()) if w not in STOPWORDS)
+
+
+def keeps_answer(shown: str, whole: str, answer: frozenset[str]) -> bool:
+    """Whether a turn shown as `shown` (a passage of it, or all of it) keeps every word of the answer
+    that the whole turn says: a passage that cut the answer out does not recall the turn."""
+    return (answer & answer_words(whole)) <= answer_words(shown)
+
+
+def answer_kept(q: Question, text_of: dict[str, str]) -> Callable[[str, str], bool]:
+    """evidence_scores' `kept` for this question: an evidence turn's item keeps the answer's words."""
+    answer, evidence = answer_words(q.answer), set(q.evidence)
+    return lambda d, shown: d not in evidence or keeps_answer(shown, text_of[d], answer)
+
+
 def evidence_scores(items: Iterable, by_message: dict[str, str],
-                    memory_share: dict[str, float] | None = None) -> dict[str, float]:
+                    memory_share: dict[str, float] | None = None,
+                    kept: Callable[[str, str], bool] | None = None) -> dict[str, float]:
     """Evidence turns in the context: turn (dia_id) -> the best score of an item holding it (the turn,
     or a memory drawn from it). memory_share, when given, accumulates what extracted memories
-    (memory:<id>) took: their tokens, their count, and (under "_via") the turns they hold."""
+    (memory:<id>) took: their tokens, their count, and (under "_via") the turns they hold. `kept(dia_id,
+    item text)`, when given, says whether a turn's own item keeps the answer (keeps_answer)."""
     best: dict[str, float] = {}
     via_memory: set[str] = set()
     for item in items:
         ids = set(item.source_message_ids)
         if item.source.startswith("message:"):
-            ids.add(item.source[len("message:"):])
+            own = item.source[len("message:"):]
+            d = by_message.get(own)
+            if d is None or kept is None or kept(d, item.text):
+                ids.add(own)
+            else:
+                ids.discard(own)
         turns = {d for m in ids if (d := by_message.get(m))}
         if item.source.startswith("memory:") and memory_share is not None:
             memory_share["tokens"] += item.tokens
@@ -571,7 +597,8 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
     first_calls: list[float] = []
     repeat_calls: list[float] = []
     mem = {b: {"tokens": 0.0, "items": 0.0, "evidence_only_via_memory": 0.0} for b in budgets}
-    passages = {b: [0, 0] for b in budgets}  # evidence turns packed as a passage, evidence turns packed
+    # Evidence turns packed as a passage, evidence turns packed, passages of evidence turns without the answer.
+    passages = {b: [0, 0, 0] for b in budgets}
     stages: dict[str, list[int]] = defaultdict(list)  # server-side microseconds per stage (debug calls, untimed)
     ingest_s, ingested, ingest_cpu_s = 0.0, 0, 0.0
     issues: dict[str, list[str]] = defaultdict(list)
@@ -594,8 +621,10 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
         bm25 = TurnBM25(packer.lines)
         session_of = conv.session_of()
         recent = {b: packer.recency(b) for b in budgets}
+        text_of = {t.dia_id: t.text for t in packer.turns}
         for q in conv.questions:
             ranked = bm25.ranked(q.text)
+            kept = answer_kept(q, text_of)
             for b in budgets:
                 req = pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, budget=budget_for(b, q.text),
                                              asked_at_ms=q.asked_at_ms)
@@ -603,14 +632,17 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
                 resp = stub.BuildContext(req)
                 latencies[b].append(time.perf_counter() - t)
                 (repeat_calls if b != budgets[0] else first_calls).append(latencies[b][-1])
-                scores = evidence_scores((it for s in resp.sections for it in s.items), by_message, mem[b])
+                items = [it for s in resp.sections for it in s.items]
+                scores = evidence_scores(items, by_message, mem[b], kept)
                 present = set(scores)
+                passages[b][2] += sum(1 for e in q.evidence if e not in present) - sum(
+                    1 for e in q.evidence if e not in evidence_scores(items, by_message))
                 via = mem[b].pop("_via")
                 direct = {by_message.get(it.source[len("message:"):], "") for s in resp.sections for it in s.items
                           if it.source.startswith("message:")}
                 mem[b]["evidence_only_via_memory"] += sum(1 for e in q.evidence if e in via and e not in direct)
                 cut = passages_of(resp, by_message, whole_lines)
-                passages[b][0] += sum(1 for e in q.evidence if e in cut)
+                passages[b][0] += sum(1 for e in q.evidence if e in cut and e in present)
                 passages[b][1] += sum(1 for e in q.evidence if e in present)
                 for method, ids in (("ours", present), ("recency", recent[b]), ("bm25", packer.pack(ranked, b))):
                     board.add(method, conv, q, b, ids, session_of)
@@ -633,8 +665,9 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
         "memories_per_question": {str(b): {k: round(v / questions, 3) for k, v in mem[b].items()} for b in budgets},
         # Evidence turns in the context as a passage of a long turn (sidecar/memory/episodic/passages.py),
         # and their share of the evidence turns in it.
-        "evidence_as_passage": {str(b): {"turns": cut, "share": round(cut / max(found, 1), 4)}
-                                for b, (cut, found) in passages.items()},
+        # Passages that cut the answer out are not counted as recalled (keeps_answer).
+        "evidence_as_passage": {str(b): {"turns": cut, "share": round(cut / max(found, 1), 4), "answer_cut": lost}
+                                for b, (cut, found, lost) in passages.items()},
         "ingest_s": round(ingest_s, 2),
         "ingested_turns": ingested,
         "ingest_turns_per_s": round(ingested / ingest_s, 1) if ingest_s else 0.0,
@@ -753,7 +786,9 @@ def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[st
             session_of = conv.session_of()
             source.search(scope, "warm up", "eval", 1)  # the index build is not a query's cost
             last_turn = max(t.timestamp_ms for t in conv.turns())
+            text_of = {t.dia_id: t.text for t in conv.turns()}
             for q in conv.questions:
+                kept = answer_kept(q, text_of)
                 asked_at = q.asked_at_ms or (last_turn + DAY_MS if live else 0)
                 if live:
                     app.builder.clock = lambda asked_at=asked_at: asked_at
@@ -767,7 +802,7 @@ def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[st
                                                                    asked_at_ms=asked_at))
                     spent.append(time.perf_counter() - t)
                     items = [it for section in result.packed for it in section.build_items()]
-                    scores = evidence_scores(items, by_message)
+                    scores = evidence_scores(items, by_message, kept=kept)
                     present = set(scores)
                     board.add("ours", conv, q, b, present, session_of)
                     board.add_update_order(q, b, scores)
@@ -875,7 +910,7 @@ def longmemeval_table(figures: dict, profile: str, budgets: Sequence[int]) -> li
              "user's turns (k1 1.2, b 0.75) best first, and recency (newest turns first)."]
     methods = (("ours", f"ours ({profile})"), ("bm25", "BM25 over turns"), ("recency", "recency"))
     for level, title in (("turn", "Turn level: share of a question's evidence turns (`has_answer`) in the context, "
-                                  "as the turn or through a memory drawn from it."),
+                                  "as the turn (or a passage of it keeping the answer's words) or through a memory drawn from it."),
                          ("session", "Session level: share of a question's evidence sessions (`answer_session_ids`) "
                                      "with at least one of their turns in the context.")):
         lines += ["", title, "", *_header(["question type (n)", "method"], budgets)]
@@ -923,8 +958,9 @@ def run_notes(figures: dict) -> list[str]:
                           f"{v['evidence_only_via_memory']:.3f}" for b, v in _by_budget(figures["memories_per_question"]))
               + ".",
               "Evidence turns in the context as a passage of a long turn (the run of its sentences about the "
-              "question, when the whole turn is over an eighth of the budget), and their share of those in it: "
-              + ", ".join(f"{int(b) // 1000}k {v['turns']} ({100 * v['share']:.1f} %)"
+              "question, when the whole turn is over an eighth of the budget) that keep the answer's words, and "
+              "their share of those in it; passages that cut the answer out, not counted as recalled: "
+              + ", ".join(f"{int(b) // 1000}k {v['turns']} ({100 * v['share']:.1f} %), {v.get('answer_cut', 0)} cut"
                           for b, v in _by_budget(figures.get("evidence_as_passage", {}))) + ".",
               f"Evidence ids repaired or unmatched, data issues: {figures['evidence_issues']}.",
               f"Machine speed (bench/fastpath_bench.py's yardstick, the pure-Python reference select on 700 fixed "

@@ -211,3 +211,27 @@ def test_evidence_packed_as_a_passage_is_told_from_evidence_packed_whole():
     assert recall.passages_of(marked, by_message, whole) == set()  # the whole turn, marked
     assert recall.passages_of(response(("m1", "assistant: … The part …"), ("m1", whole["S1:1"])), by_message,
                               whole) == set()
+
+
+def test_a_passage_recalls_its_turn_only_if_it_keeps_the_answer_words_the_turn_says():
+    whole = "We set the budget at $2,000 for influencers. The launch is on May 1st. Posts go out weekly."
+    answer = recall.answer_words("$2,000")
+    assert recall.keeps_answer(whole, whole, answer)
+    assert recall.keeps_answer("… The budget at $2,000 for influencers. …", whole, answer)
+    assert not recall.keeps_answer("… The launch is on May 1st. …", whole, answer)
+    # An answer the turn does not say in words (a count, a paraphrase) cannot be cut out of it.
+    assert recall.keeps_answer("… Posts go out weekly.", whole, recall.answer_words("three posts"))
+
+    by_message = {"m1": "S1:1", "m2": "S1:2", "m3": "S1:3"}
+    text_of = {"S1:1": whole, "S1:2": "Short.", "S1:3": whole}
+    q = recall.Question("How much was the budget?", "single-session-assistant", ["S1:1", "S1:2"], answer="$2,000")
+    kept = recall.answer_kept(q, text_of)
+    items = [pb.ContextItem(source="message:m1", text="assistant: … The launch is on May 1st. …", source_message_ids=["m1"]),
+             pb.ContextItem(source="message:m2", text="user: Short.", source_message_ids=["m2"]),
+             pb.ContextItem(source="message:m3", text="assistant: … The launch is on May 1st. …", source_message_ids=["m3"]),
+             pb.ContextItem(source="memory:x", text="- Launch on May 1st", source_message_ids=["m3"])]
+    assert set(recall.evidence_scores(items, by_message)) == {"S1:1", "S1:2", "S1:3"}
+    # The evidence turn whose passage lost the answer is not recalled; one that is no evidence is left as it is.
+    assert set(recall.evidence_scores(items, by_message, kept=kept)) == {"S1:2", "S1:3"}
+    items[0] = pb.ContextItem(source="message:m1", text="assistant: … the budget at $2,000 …", source_message_ids=["m1"])
+    assert set(recall.evidence_scores(items, by_message, kept=kept)) == {"S1:1", "S1:2", "S1:3"}
