@@ -35,6 +35,16 @@ def extract_one(text: str, role: str = "user") -> list[MemoryCandidate]:
         ("My team owns payment-api.", "semantic", "owns:payment-api"),
         ("我负责 order-service", "semantic", "owns:order-service"),
         ("My team owns the prod payment-api.", "semantic", "owns:payment-api"),
+        ("I'd like shorter answers.", "preference", "answer_style"),
+        ("I'd like to keep answers short from now on.", "preference", "answer_style"),
+        ("I really like spicy food.", "preference", None),
+        # What the user asks of this conversation, or how they take a suggestion in it, is no preference:
+        # a fact of what they are about, keyed on all of it so one never supersedes another.
+        ("I'd like to know more about energy storage startups.", "semantic",
+         "interest:know_more_about_energy_storage_startups"),
+        ("I'd like you to draft the launch email.", "semantic", "interest:draft_launch_email"),
+        ("I like the idea of painting vintage items.", "semantic", "interest:painting_vintage_items"),
+        ("I really like those ideas, especially the planner.", "semantic", "interest:ideas_especially_planner"),
     ],
 )
 def test_user_statements(text: str, ctype: str, subject: str | None) -> None:

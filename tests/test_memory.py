@@ -237,6 +237,31 @@ def test_build_context_recalls_memories(stub, scope, session_id):
     assert superseded and superseded[0].kept_source == f"memory:{new.memory.memory_id}"
 
 
+def test_requests_and_reactions_compete_by_relevance_not_as_preferences(stub, scope, session_id):
+    """Preferences compete on every call (scored at least PREFERENCE_FLOOR); what the user asked of a
+    conversation ("I'd like to know...") or how they took a suggestion ("I like the idea of...") is kept
+    as a fact that scores what it matches, so yesterday's requests do not outrank what a call is about."""
+    pref = "I prefer concise answers with the commands first."
+    _turn(stub, scope, session_id, pref)
+    _turn(stub, scope, session_id, "I'd like to learn more about royalty rates for ebooks on Kindle.")
+    _turn(stub, scope, session_id, "I like the idea of adding an ombre effect to my knitted blanket.")
+    _turn(stub, scope, session_id, "I'd like to know more about sourdough starters.")
+    kinds = {m.content: (m.type, m.subject) for m in _memories(stub, scope)}
+    assert kinds.pop(pref) == (pb.MEMORY_TYPE_PREFERENCE, "answer_style")
+    assert len(kinds) == 3 and all(t == pb.MEMORY_TYPE_SEMANTIC for t, _ in kinds.values())
+    assert len({s for _, s in kinds.values()}) == 3  # none superseded another
+
+    def memory_scores(query):
+        sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+        resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid, query=query))
+        return {it.text[2:]: it.score for s in resp.sections for it in s.items if it.source.startswith("memory:")}
+
+    unrelated = memory_scores("how do I rotate the nginx logs on the staging host?")
+    assert all(unrelated[pref] > score for text, score in unrelated.items() if text != pref), unrelated
+    related = memory_scores("what royalty rates does Kindle pay for ebooks?")
+    assert related["I'd like to learn more about royalty rates for ebooks on Kindle."] > related[pref], related
+
+
 def test_forget_user_leaves_nothing(fresh_server):
     stub = fresh_server.stub
     alice, bob = pb.Scope(tenant_id="t", user_id="alice"), pb.Scope(tenant_id="t", user_id="bob")

@@ -46,8 +46,17 @@ class Extractor(Protocol):
 
 # --------------------------------------------------------------------------- rules
 
+# "I like" / "I'd like" state a preference, but not as a reaction to what was just said ("I like the idea
+# of...", "I like those") or as a request of this conversation ("I'd like to know...", "I'd like you to
+# help..."): those say what the user is about now (_INTEREST_RE), kept as facts that compete only by
+# relevance, not as preferences that compete on every call.
+_REACTION = (r"\s+(?:the\s+(?:ideas?|sound|look|suggestions?|options?|first|second|third|last)|that|this|these|"
+             r"those|your|both)\b")
+_REQUEST = r"\s+(?:(?:you|it|them|him|her|us|someone|somebody)\s+)?to\b"
+_INTEREST_RE = re.compile(r"\bi\s+(?:really\s+)?like" + _REACTION + r"|\bi'?d\s+like" + _REQUEST, re.I)
 _PREFERENCE_RE = re.compile(
-    r"\bi\s+(?:would\s+|'d\s+)?prefer\b|\bi\s+(?:really\s+)?like\b|\bi'?d\s+like\b|\bplease\s+(?:always|use|answer|reply|"
+    r"\bi\s+(?:would\s+|'d\s+)?prefer\b|\bi\s+(?:really\s+)?like\b(?!" + _REACTION + r")|\bi'?d\s+like\b(?!"
+    + _REQUEST + r")|\bplease\s+(?:always|use|answer|reply|"
     r"respond|write|keep)\b|\bfrom\s+now\s+on\b|\bgoing\s+forward\b|\bcall\s+me\b|\bby\s+default\b|\bdefault\s+to\b|"
     r"\bmy\s+(?:name\s+is|preferred)\b|以后|今后|我(?:可能|也许|大概|或许)?更?喜欢|我习惯|请用|请使用|默认|我偏好|叫我",
     re.I,
@@ -85,7 +94,8 @@ _CONCLUSION_RE = re.compile(
 # One search per turn decides whether the per-sentence rules run at all: a user's turn may hold any
 # cue; another role's only an episode's (its statements are not the user's).
 _ANY_CUE_RE = re.compile(
-    "|".join(rx.pattern for rx in (_PREFERENCE_RE, _HABIT_RE, _SEMANTIC_RE, _INCIDENT_RE, _CONCLUSION_RE)),
+    "|".join(rx.pattern for rx in (_PREFERENCE_RE, _INTEREST_RE, _HABIT_RE, _SEMANTIC_RE, _INCIDENT_RE,
+                                   _CONCLUSION_RE)),
     re.I,
 )
 _EPISODE_CUE_RE = re.compile("|".join(rx.pattern for rx in (_INCIDENT_RE, _CONCLUSION_RE)), re.I)
@@ -183,7 +193,8 @@ def derive_subject(text: str, kind: str) -> str:
     """The conflict key of a statement of `kind` (a candidate type); "" when it has none.
 
     Shared by the extractor and the write path (AddMemory without a subject), so both key a
-    statement alike. In order: ownership (semantic), a known topic, "my/our <noun phrase> is", the
+    statement alike. In order: an interest (semantic: "I'd like to know about X" -> ``interest:`` and all
+    the words after its cue), ownership (semantic), a known topic, "my/our <noun phrase> is", the
     words after the kind's cue ("I like tea" -> ``tea``, so "I like hiking" does not supersede it).
     Text with no cue of its kind gets "": a key from arbitrary leading words would make unrelated
     memories supersede each other. Episodes get "" too: a later incident does not undo an earlier one.
@@ -191,6 +202,10 @@ def derive_subject(text: str, kind: str) -> str:
     trigger = _TRIGGERS.get(kind)
     if trigger is None:
         return ""
+    if kind == "semantic" and not trigger.search(text) and (m := _INTEREST_RE.search(text)):
+        # An interest is keyed on all that follows its cue, so one never supersedes another.
+        words = (w for w in _KEY_TOKEN_RE.findall(text[m.end():].lower()) if w not in _STOPWORDS)
+        return "interest:" + ("_".join(words)[:120] or "misc")
     if kind == "semantic" and _OWNERSHIP_RE.search(text) and (owned := _owned(text)):
         return "owns:" + owned
     for key, rx in _TOPICS:
@@ -247,6 +262,11 @@ class RuleBasedExtractor:
                     "USER_STATED",
                     [turn.message_id],
                 )
+        if _INTEREST_RE.search(sentence):
+            weak = bool(_WEAK_RE.search(sentence))
+            return MemoryCandidate("semantic", sentence, derive_subject(sentence, "semantic"),
+                                   _WEAK_CONFIDENCE if weak else _BASE_CONFIDENCE["semantic"], "USER_STATED",
+                                   [turn.message_id])
         return None
 
     @staticmethod
