@@ -41,10 +41,12 @@ def extract_one(text: str, role: str = "user") -> list[MemoryCandidate]:
         # What the user asks of this conversation, or how they take a suggestion in it, is no preference:
         # a fact of what they are about, keyed on all of it so one never supersedes another.
         ("I'd like to know more about energy storage startups.", "semantic",
-         "interest:know_more_about_energy_storage_startups"),
-        ("I'd like you to draft the launch email.", "semantic", "interest:draft_launch_email"),
-        ("I like the idea of painting vintage items.", "semantic", "interest:painting_vintage_items"),
-        ("I really like those ideas, especially the planner.", "semantic", "interest:ideas_especially_planner"),
+         "interest:d_like_know_more_about_energy_storage_startups"),
+        ("I'd like you to draft the launch email.", "semantic", "interest:d_like_you_draft_launch_email"),
+        ("I like the idea of painting vintage items.", "semantic", "interest:like_idea_painting_vintage_items"),
+        ("I really like those ideas, especially the planner.", "semantic", "interest:really_like_those_ideas_especially_planner"),
+        ("I like the wine and cheese gift basket idea.", "semantic", "interest:like_wine_cheese_gift_basket_idea"),
+        ("I like the mountains and the idea of living there.", "preference", None),
     ],
 )
 def test_user_statements(text: str, ctype: str, subject: str | None) -> None:
@@ -183,3 +185,11 @@ def test_throughput() -> None:
     rate = len(turns) / (time.perf_counter() - t0)
     print(f"RuleBasedExtractor: {rate:,.0f} turns/s")
     assert rate >= 300
+
+
+def test_interests_never_share_a_subject() -> None:
+    texts = ["I like the treasure hunt idea.", "I like the gift basket idea.", "I'd like to know more about X.",
+             "I'd like to know more about Y.", "I like the idea of a road trip.", "I'd like you to book it."]
+    subjects = [c.subject for t in texts for c in extract_one(t)]
+    assert len(subjects) == len(texts) and len(set(subjects)) == len(texts)
+    assert all(s.startswith("interest:") for s in subjects)

@@ -50,8 +50,8 @@ class Extractor(Protocol):
 # of...", "I like those") or as a request of this conversation ("I'd like to know...", "I'd like you to
 # help..."): those say what the user is about now (_INTEREST_RE), kept as facts that compete only by
 # relevance, not as preferences that compete on every call.
-_REACTION = (r"\s+(?:the\s+(?:ideas?|sound|look|suggestions?|options?|first|second|third|last)|that|this|these|"
-             r"those|your|both)\b")
+_REACTION = (r"\s+(?:the\s+(?:ideas?|sound|look|suggestions?|options?|first|second|third|last|(?:(?!the\b)[\w'-]+\s+){1,5}?"
+             r"(?:ideas?|suggestions?|options?))|that|this|these|those|your|both)\b")
 _REQUEST = r"\s+(?:(?:you|it|them|him|her|us|someone|somebody)\s+)?to\b"
 _INTEREST_RE = re.compile(r"\bi\s+(?:really\s+)?like" + _REACTION + r"|\bi'?d\s+like" + _REQUEST, re.I)
 _PREFERENCE_RE = re.compile(
@@ -194,7 +194,7 @@ def derive_subject(text: str, kind: str) -> str:
 
     Shared by the extractor and the write path (AddMemory without a subject), so both key a
     statement alike. In order: an interest (semantic: "I'd like to know about X" -> ``interest:`` and all
-    the words after its cue), ownership (semantic), a known topic, "my/our <noun phrase> is", the
+    its words), ownership (semantic), a known topic, "my/our <noun phrase> is", the
     words after the kind's cue ("I like tea" -> ``tea``, so "I like hiking" does not supersede it).
     Text with no cue of its kind gets "": a key from arbitrary leading words would make unrelated
     memories supersede each other. Episodes get "" too: a later incident does not undo an earlier one.
@@ -202,10 +202,10 @@ def derive_subject(text: str, kind: str) -> str:
     trigger = _TRIGGERS.get(kind)
     if trigger is None:
         return ""
-    if kind == "semantic" and not trigger.search(text) and (m := _INTEREST_RE.search(text)):
-        # An interest is keyed on all that follows its cue, so one never supersedes another.
-        words = (w for w in _KEY_TOKEN_RE.findall(text[m.end():].lower()) if w not in _STOPWORDS)
-        return "interest:" + ("_".join(words)[:120] or "misc")
+    if kind == "semantic" and not trigger.search(text) and _INTEREST_RE.search(text):
+        # An interest is keyed on all its words, so one never supersedes another.
+        words = (w for w in _KEY_TOKEN_RE.findall(text.lower()) if w not in _STOPWORDS)
+        return "interest:" + "_".join(words)[:120]
     if kind == "semantic" and _OWNERSHIP_RE.search(text) and (owned := _owned(text)):
         return "owns:" + owned
     for key, rx in _TOPICS:
