@@ -1,7 +1,8 @@
 """Context quality on long conversations (issues #8, #32), each user's past replayed through a real
 sidecar over gRPC, then every question asked in a new session of that user. Evidence recall = share of
-a question's evidence turns present in the context (as the turn itself, as a passage of it that keeps
-every word of the answer the turn says, or through a memory whose source_message_ids include it), beside two baselines packed under the same budgets: recency (newest
+a question's evidence turns present in the context (as the turn itself, as a passage of it, or through a
+memory whose source_message_ids include it; a passage or memory only if it keeps every word of the
+answer the turn says), beside two baselines packed under the same budgets: recency (newest
 turns first) and a plain BM25 over the user's turns.
 
 - LoCoMo: a conversation is a user; its questions of categories 1-4 (5 has no evidence).
@@ -86,7 +87,7 @@ class Question:
     evidence: list[str]  # dia_ids of the evidence turns
     sessions: list[str] = field(default_factory=list)  # names of the evidence sessions (LongMemEval)
     asked_at_ms: int = 0  # when it was asked (LongMemEval's question_date; 0: LoCoMo gives none)
-    answer: str = ""  # the data's answer: a passage of an evidence turn counts only if it keeps its words
+    answer: str = ""  # the data's answer: a passage or memory of an evidence turn counts only if it keeps its words
 
 
 @dataclass(slots=True)
@@ -401,19 +402,15 @@ def evidence_scores(items: Iterable, by_message: dict[str, str],
     """Evidence turns in the context: turn (dia_id) -> the best score of an item holding it (the turn,
     or a memory drawn from it). memory_share, when given, accumulates what extracted memories
     (memory:<id>) took: their tokens, their count, and (under "_via") the turns they hold. `kept(dia_id,
-    item text)`, when given, says whether a turn's own item keeps the answer (keeps_answer)."""
+    item text)`, when given, says whether an item keeps the answer of a turn it holds (keeps_answer): a
+    passage of the turn, or a memory of one of its sentences, may not."""
     best: dict[str, float] = {}
     via_memory: set[str] = set()
     for item in items:
         ids = set(item.source_message_ids)
         if item.source.startswith("message:"):
-            own = item.source[len("message:"):]
-            d = by_message.get(own)
-            if d is None or kept is None or kept(d, item.text):
-                ids.add(own)
-            else:
-                ids.discard(own)
-        turns = {d for m in ids if (d := by_message.get(m))}
+            ids.add(item.source[len("message:"):])
+        turns = {d for m in ids if (d := by_message.get(m)) and (kept is None or kept(d, item.text))}
         if item.source.startswith("memory:") and memory_share is not None:
             memory_share["tokens"] += item.tokens
             memory_share["items"] += 1
@@ -910,7 +907,8 @@ def longmemeval_table(figures: dict, profile: str, budgets: Sequence[int]) -> li
              "user's turns (k1 1.2, b 0.75) best first, and recency (newest turns first)."]
     methods = (("ours", f"ours ({profile})"), ("bm25", "BM25 over turns"), ("recency", "recency"))
     for level, title in (("turn", "Turn level: share of a question's evidence turns (`has_answer`) in the context, "
-                                  "as the turn (or a passage of it keeping the answer's words) or through a memory drawn from it."),
+                                  "as the turn, a passage of it or a memory drawn from it (those two only if they keep the answer's words "
+                                  "the turn says)."),
                          ("session", "Session level: share of a question's evidence sessions (`answer_session_ids`) "
                                      "with at least one of their turns in the context.")):
         lines += ["", title, "", *_header(["question type (n)", "method"], budgets)]

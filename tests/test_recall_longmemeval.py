@@ -213,7 +213,7 @@ def test_evidence_packed_as_a_passage_is_told_from_evidence_packed_whole():
                               whole) == set()
 
 
-def test_a_passage_recalls_its_turn_only_if_it_keeps_the_answer_words_the_turn_says():
+def test_a_passage_or_memory_recalls_its_turn_only_if_it_keeps_the_answer_words_the_turn_says():
     whole = "We set the budget at $2,000 for influencers. The launch is on May 1st. Posts go out weekly."
     answer = recall.answer_words("$2,000")
     assert recall.keeps_answer(whole, whole, answer)
@@ -233,5 +233,10 @@ def test_a_passage_recalls_its_turn_only_if_it_keeps_the_answer_words_the_turn_s
     assert set(recall.evidence_scores(items, by_message)) == {"S1:1", "S1:2", "S1:3"}
     # The evidence turn whose passage lost the answer is not recalled; one that is no evidence is left as it is.
     assert set(recall.evidence_scores(items, by_message, kept=kept)) == {"S1:2", "S1:3"}
+    # A memory of one of the turn's sentences recalls the turn only if it keeps the answer too.
+    launch = pb.ContextItem(source="memory:y", text="- The launch is on May 1st.", source_message_ids=["m1"])
+    assert set(recall.evidence_scores([*items, launch], by_message, kept=kept)) == {"S1:2", "S1:3"}
+    budget = pb.ContextItem(source="memory:z", text="- Influencer budget: $2,000.", source_message_ids=["m1"])
+    assert set(recall.evidence_scores([*items, budget], by_message, kept=kept)) == {"S1:1", "S1:2", "S1:3"}
     items[0] = pb.ContextItem(source="message:m1", text="assistant: … the budget at $2,000 …", source_message_ids=["m1"])
     assert set(recall.evidence_scores(items, by_message, kept=kept)) == {"S1:1", "S1:2", "S1:3"}
