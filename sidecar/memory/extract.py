@@ -250,7 +250,8 @@ class RuleBasedExtractor:
     def _statement(turn: Turn, sentence: str) -> MemoryCandidate | None:
         if _QUESTION_RE.search(sentence):
             return None
-        for kind, rx in (("preference", _PREFERENCE_RE), ("habit", _HABIT_RE), ("semantic", _SEMANTIC_RE)):
+        for kind, rx in (("preference", _PREFERENCE_RE), ("habit", _HABIT_RE), ("semantic", _SEMANTIC_RE),
+                         ("semantic", _INTEREST_RE)):  # an interest: a fact, keyed by derive_subject
             if rx.search(sentence) and (kind != "habit" or _SPEAKER_RE.search(sentence)):
                 weak = bool(_WEAK_RE.search(sentence))
                 return MemoryCandidate(
@@ -262,11 +263,6 @@ class RuleBasedExtractor:
                     "USER_STATED",
                     [turn.message_id],
                 )
-        if _INTEREST_RE.search(sentence):
-            weak = bool(_WEAK_RE.search(sentence))
-            return MemoryCandidate("semantic", sentence, derive_subject(sentence, "semantic"),
-                                   _WEAK_CONFIDENCE if weak else _BASE_CONFIDENCE["semantic"], "USER_STATED",
-                                   [turn.message_id])
         return None
 
     @staticmethod
