@@ -593,7 +593,10 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
     # question at the next budgets finds both kept (the model's recent texts, the episodic ranking).
     first_calls: list[float] = []
     repeat_calls: list[float] = []
-    mem = {b: {"tokens": 0.0, "items": 0.0, "evidence_only_via_memory": 0.0} for b in budgets}
+    # Per budget: memories' tokens and items, evidence turns found only through them, and evidence turns
+    # whose only memory left the answer out (keeps_answer; not counted as recalled).
+    mem = {b: {"tokens": 0.0, "items": 0.0, "evidence_only_via_memory": 0.0, "evidence_memory_without_answer": 0.0}
+           for b in budgets}
     # Evidence turns packed as a passage, evidence turns packed, passages of evidence turns without the answer.
     passages = {b: [0, 0, 0] for b in budgets}
     stages: dict[str, list[int]] = defaultdict(list)  # server-side microseconds per stage (debug calls, untimed)
@@ -632,15 +635,17 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
                 items = [it for s in resp.sections for it in s.items]
                 scores = evidence_scores(items, by_message, mem[b], kept)
                 present = set(scores)
-                passages[b][2] += sum(1 for e in q.evidence if e not in present) - sum(
-                    1 for e in q.evidence if e not in evidence_scores(items, by_message))
+                # Evidence held only by a passage or memory that left the answer out.
+                lost = [e for e in q.evidence if e not in present and e in evidence_scores(items, by_message)]
                 via = mem[b].pop("_via")
-                direct = {by_message.get(it.source[len("message:"):], "") for s in resp.sections for it in s.items
+                direct = {by_message.get(it.source[len("message:"):], "") for it in items
                           if it.source.startswith("message:")}
                 mem[b]["evidence_only_via_memory"] += sum(1 for e in q.evidence if e in via and e not in direct)
                 cut = passages_of(resp, by_message, whole_lines)
                 passages[b][0] += sum(1 for e in q.evidence if e in cut and e in present)
                 passages[b][1] += sum(1 for e in q.evidence if e in present)
+                passages[b][2] += sum(1 for e in lost if e in cut)
+                mem[b]["evidence_memory_without_answer"] += sum(1 for e in lost if e not in cut)
                 for method, ids in (("ours", present), ("recency", recent[b]), ("bm25", packer.pack(ranked, b))):
                     board.add(method, conv, q, b, ids, session_of)
                 board.add_update_order(q, b, scores)
@@ -658,7 +663,8 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
     questions = max(board.tallies["ours", "turn", ""].n, 1)
     return {
         **board.summary(budgets),
-        # Per question: mean tokens and items of extracted memories, evidence turns found only through them.
+        # Per question: mean tokens and items of extracted memories, evidence turns found only through them
+        # and those whose memory left the answer out.
         "memories_per_question": {str(b): {k: round(v / questions, 3) for k, v in mem[b].items()} for b in budgets},
         # Evidence turns in the context as a passage of a long turn (sidecar/memory/episodic/passages.py),
         # and their share of the evidence turns in it.
