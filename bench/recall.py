@@ -602,6 +602,7 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
     stages: dict[str, list[int]] = defaultdict(list)  # server-side microseconds per stage (debug calls, untimed)
     ingest_s, ingested, ingest_cpu_s = 0.0, 0, 0.0
     issues: dict[str, list[str]] = defaultdict(list)
+    in_turn: dict[int, list[float]] = {b: [] for b in budgets[:2]}
     for conv in conversations:
         t0, cpu0 = time.perf_counter(), server_cpu_s(server_pid)
         by_message = ingest(stub, conv, commit)
@@ -649,6 +650,8 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
                 for method, ids in (("ours", present), ("recency", recent[b]), ("bm25", packer.pack(ranked, b))):
                     board.add(method, conv, q, b, ids, session_of)
                 board.add_update_order(q, b, scores)
+        if len(conv.questions) > 1:
+            ask_in_turn(stub, scope, conv, budgets[:2], by_message, text_of, in_turn)
         mid_budget = 4000 if 4000 in budgets else budgets[0]
         for q in conv.questions[:20]:
             req = pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, debug=True, asked_at_ms=q.asked_at_ms,
@@ -682,8 +685,31 @@ def evaluate(stub, conversations: Sequence[Conversation], budgets: Sequence[int]
         "stage_us_p50": {k: sorted(v)[len(v) // 2] for k, v in stages.items()},
         "evidence_issues": {k: len(v) for k, v in issues.items()},
         "evidence_issue_items": dict(issues),
+        # A user's questions asked one after another in one session at one budget, as an agent's calls
+        # come (ask_in_turn); only where a user asks more than one.
+        **({"in_one_session": {str(b): round(sum(v) / len(v), 4) for b, v in in_turn.items()},
+            "in_one_session_questions": len(in_turn[budgets[0]])} if in_turn[budgets[0]] else {}),
         "commit": commit,
     }
+
+
+def ask_in_turn(stub, scope: pb.Scope, conv: Conversation, budgets: Sequence[int], by_message: dict[str, str],
+                text_of: dict[str, str], out: dict[int, list[float]]) -> None:
+    """Each question of the user asked in turn in one new session per budget, the budget's max_input the
+    same for every call (room for the longest question), as an agent's calls come: the cache-aware layout
+    keeps the session's recall from one call to the next, and every later question must still find its
+    own evidence. Appends each question's share of evidence found to out[budget]."""
+    room = max(count_tokens(q.text) for q in conv.questions)
+    for b in budgets:
+        sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope, session_id=f"in-turn-{b}")).session_id
+        budget = budget_for(b, "")
+        budget.max_input += room
+        for q in conv.questions:
+            resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, budget=budget,
+                                                            asked_at_ms=q.asked_at_ms))
+            present = evidence_scores([it for s in resp.sections for it in s.items], by_message,
+                                      kept=answer_kept(q, text_of))
+            out[b].append(sum(e in present for e in q.evidence) / len(q.evidence))
 
 
 def served_new_questions(db: str, convs: Sequence[Conversation], serve_args: list[str], n: int) -> dict:
@@ -951,6 +977,12 @@ def run_notes(figures: dict) -> list[str]:
              f"p50 {figures['build_ms_repeated_query'].get('p50_ms')} / "
              f"p99 {figures['build_ms_repeated_query'].get('p99_ms')} ms.",
              f"Server-side stages at 4k, p50 µs: {figures['stage_us_p50']}."]
+    if "in_one_session" in figures:
+        lines.append(f"A user's {figures['in_one_session_questions']} questions asked one after another in one "
+                     "session at one budget, as an agent's calls come (the cache-aware layout keeps the session's "
+                     "recall while it serves the next question): recall "
+                     + ", ".join(f"{int(b) // 1000}k {100 * v:.1f} %" for b, v in _by_budget(figures["in_one_session"]))
+                     + ".")
     if "served_4k" in figures:
         lines.append("After the run, the replayed database served as `serve` runs by default and on a core of its own "
                      "(`--cpus`; this bench, the calling service, on the other cores) at the same time, new questions "

@@ -582,6 +582,8 @@ def test_recall_metric_on_a_tiny_file(running, tmp_path):
     assert figures["recall"] == {"2000": 1.0, "4000": 1.0}
     assert figures["all_evidence"]["2000"] == 1.0
     assert figures["recency"]["2000"] == 1.0
+    # Asked one after another in one session at one budget, as an agent's calls come, too.
+    assert figures["in_one_session"] == {"2000": 1.0, "4000": 1.0} and figures["in_one_session_questions"] == 3
     assert figures["evidence_issues"]["dangling"] == 1 and figures["evidence_issues"]["malformed"] == 1
     assert set(figures["by_category"]) == {"1", "2", "4"}
     assert figures["build_p50_ms"] > 0

@@ -338,3 +338,29 @@ def test_a_section_repeated_from_the_sessions_last_prompt_keeps_its_digest(monke
     memory.compare(("t", "u", "s"), [section(Section.TOOLS, b"rules")], {})
     memory.compare(("t", "u", "other"), [section(Section.SYSTEM_RULES, b"rules")], {})
     assert read[3:] == [[b"rules"], [b"rules"]]
+
+
+def test_a_later_question_gets_its_own_recall_though_the_session_kept_an_earlier_ones(stub, scope, session_id):
+    for text in ("The payment api runs in eu-west-1 behind the edge proxy",
+                 "The payment api retries a failed charge three times",
+                 "The payment api timeout is 30 seconds for card charges",
+                 "The payment api logs go to the payments-audit bucket",
+                 "The payment api owner on call this week is Priya",
+                 "The design team standup is at 9:30 in room Orion"):
+        stub.AddMemory(pb.AddMemoryRequest(scope=scope, type=pb.MEMORY_TYPE_SEMANTIC, content=text))
+    budget = pb.Budget(max_input=2000, memories=60, flow_unused=False)  # the same for every call, as an agent's are
+
+    def recalled(query):
+        resp = _build(stub, scope, session_id, query=query, budget=budget)
+        kept = {d.kind: d.hash for d in resp.section_digests}.get(pb.SECTION_KIND_SESSION_RECALL)
+        return [i.text for s in resp.sections if s.kind in (pb.SECTION_KIND_SESSION_RECALL, pb.SECTION_KIND_MEMORIES)
+                for i in s.items], kept
+
+    first, block = recalled("what do we know about the payment api?")
+    assert sum("payment api" in t for t in first) >= 3 and not any("standup" in t for t in first)
+    # The payment block fills the budget: kept as it was, the standup could not be recalled after it.
+    later, remade = recalled("when is the design team standup?")
+    assert any("Orion" in t for t in later) and remade != block
+    # The same question again (a tool loop's next model call) keeps the block the last call made.
+    again, kept = recalled("when is the design team standup?")
+    assert again == later and kept == remade

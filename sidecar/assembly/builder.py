@@ -30,7 +30,7 @@ from sidecar.assembly.candidates import (
     query_texts,
 )
 from sidecar.assembly.prompt_cache import PromptCache, PromptMemory, prompt_head
-from sidecar.assembly.session_recall import RECALLED, SessionRecall, leave_out
+from sidecar.assembly.session_recall import KEEP_COVER, RECALLED, SessionRecall, leave_out, recall_covered
 from sidecar.clock import now_ms
 from sidecar.domain import Category, Fact, Role, Scope
 from sidecar.errors import FailedPrecondition, InvalidArgument
@@ -272,25 +272,38 @@ class ContextBuilder:
             resolve(batches)
         key = (scope.tenant_id, scope.user_id, req.session_id)
         kept = epoch = None
-        select_budget, soft_total = budget, max(budget.total - hard_tokens - soft_header_reserve, 0)
+        soft_total = max(budget.total - hard_tokens - soft_header_reserve, 0)
         if req.cache_aware:
             epoch = self._recall_epoch(scope, view, req)
             kept = self.session_recall.get(key, epoch)
             if kept is not None and kept.tokens + header_tokens[Section.SESSION_RECALL] > soft_total:
                 kept = None  # the hard zone grew (a longer query): it no longer fits, so it is made again
-            if kept is not None:  # shown first; this call recalls only what it lacks, within what is left
-                leave_out(batches, kept)
-                select_budget = replace(budget, memories=max(budget.memories - kept.by_section.get(Section.MEMORIES, 0), 0),
-                                        rag_or_graph=max(budget.rag_or_graph - kept.by_section.get(Section.KNOWLEDGE, 0), 0))
-                soft_total = max(soft_total - kept.tokens - header_tokens[Section.SESSION_RECALL], 0)
         clock.lap("candidates")
 
         max_dropped = (1 << 30) if req.debug and not req.max_dropped else (req.max_dropped or DEFAULT_MAX_DROPPED)
-        soft_sections, usage, dropped, drop_counts, soft_tokens = self._select(
-            batches, select_budget, soft_total, req.min_score, max_dropped, clock, whole_history=req.cache_aware)
+        ask = (req.query, req.asked_at_ms, None if req.query_embedding is None else req.query_embedding.tobytes())
+        # This call's own recall; with a kept block it is needed only for a question the block has not served yet.
+        own = None if kept is not None and kept.serves(ask) else self._select(
+            batches, budget, soft_total, req.min_score, max_dropped, clock, whole_history=req.cache_aware)
+        selected = own
+        if kept is not None:  # shown first; this call recalls only what it lacks, within what is left
+            leave_out(batches, kept)
+            selected = self._select(
+                batches, replace(budget, memories=max(budget.memories - kept.by_section.get(Section.MEMORIES, 0), 0),
+                                 rag_or_graph=max(budget.rag_or_graph - kept.by_section.get(Section.KNOWLEDGE, 0), 0)),
+                max(soft_total - kept.tokens - header_tokens[Section.SESSION_RECALL], 0), req.min_score, max_dropped,
+                clock, whole_history=True)
+            # A block made for another question may not hold what this one needs: it stays only while it and
+            # what is recalled after it show most of the call's own recall, else it is made again from that.
+            if own is not None and recall_covered(own[0], kept, selected[0]) < KEEP_COVER:
+                kept, selected = None, own
+            else:
+                kept.served(ask)
+        soft_sections, usage, dropped, drop_counts, soft_tokens = selected
         if req.cache_aware:
             if kept is None:  # this call's recall is the session's, from now until the epoch changes
                 kept = self.session_recall.keep(key, epoch, soft_sections)
+                kept.served(ask)
                 soft_sections = [PackedSection.of_items(p.kind, []) if p.kind in RECALLED else p for p in soft_sections]
                 soft_tokens -= kept.tokens
             if kept.bodies:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from sidecar.assembly.candidates import CandidateBatch, Section
 
 MAX_SESSIONS = 4096
 RECALLED = (Section.MEMORIES, Section.KNOWLEDGE)  # the sections a block is made of
+# A kept block stays while it and what a call recalls after it show at least this share of what the
+# call would recall on its own (by score); below it the block is made again from the call's own recall.
+KEEP_COVER = 0.8
+SERVED_KEPT = 32  # questions a block remembers serving
 
 
 class RecallBlock:
@@ -32,6 +36,17 @@ class RecallBlock:
         self.by_section: dict[Section, int] = {p.kind: p.tokens for p in sections}  # taken from each budget
         self._items: list | None = None
         self._sources: frozenset[str] | None = None
+        self._served: OrderedDict[tuple, None] = OrderedDict()  # questions it was found to serve (recall_covered)
+
+    def serves(self, ask: tuple) -> bool:
+        """Whether this question (query, time of asking, client vector) was found served by the block:
+        within one epoch its recall is the same, so the check is not made again (a tool loop's calls)."""
+        return ask in self._served
+
+    def served(self, ask: tuple) -> None:
+        self._served[ask] = None
+        while len(self._served) > SERVED_KEPT:
+            self._served.popitem(last=False)
 
     @property
     def items(self) -> list:
@@ -79,6 +94,26 @@ class SessionRecall:
             for k in gone:
                 del self._blocks[k]
         return len(gone)
+
+
+def _recalled(sections: Sequence) -> Iterator[tuple[str, float]]:
+    """(source, score) of each item of the recalled sections."""
+    for p in sections:
+        if p.kind in RECALLED:
+            yield from zip(p.item_sources if p.item_sources is not None else [it.source for it in p.items],
+                           p.scores, strict=True)
+
+
+def recall_covered(own: Sequence, block: RecallBlock, after: Sequence) -> float:
+    """The share of the score of what a call recalls on its own (`own`, its packed sections without a
+    block) that the block and what the call recalls after it (`after`'s sections) show: 1 when it
+    recalls nothing. A tool loop's calls (one question) find all of it there; another question's may not."""
+    total = held = 0.0
+    shown = block.sources | {source for source, _ in _recalled(after)}
+    for source, score in _recalled(own):
+        total += score
+        held += score if source in shown else 0.0
+    return held / total if total > 0 else 1.0
 
 
 def leave_out(batches: Sequence[CandidateBatch], block: RecallBlock) -> None:
