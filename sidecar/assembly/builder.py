@@ -281,7 +281,7 @@ class ContextBuilder:
         clock.lap("candidates")
 
         max_dropped = (1 << 30) if req.debug and not req.max_dropped else (req.max_dropped or DEFAULT_MAX_DROPPED)
-        ask = (req.query, req.asked_at_ms, None if req.query_embedding is None else req.query_embedding.tobytes())
+        ask = _question_key(req)
         # This call's own recall; with a kept block it is needed only for a question the block has not served yet.
         own = None if kept is not None and kept.serves(ask) else self._select(
             batches, budget, soft_total, req.min_score, max_dropped, clock, whole_history=req.cache_aware)
@@ -442,6 +442,16 @@ class ContextBuilder:
         usage = [Usage(SOFT_WIRE[c], budgets[c], used[c], considered_n[c], picked_n[c], flowed[c])
                  for c in range(n_cat)]
         return soft_sections, usage, dropped, counts, int(sel.used.sum())
+
+
+def _question_key(req: BuildRequest) -> bytes:
+    """A digest of what a call's recall depends on beyond the block's epoch (its query, time of asking
+    and client vector): a kept block remembers the questions it served by these, never by their text."""
+    h = hashlib.blake2b(req.query.encode("utf-8", "surrogatepass"), digest_size=16)
+    h.update(int(req.asked_at_ms).to_bytes(8, "little", signed=True))
+    if req.query_embedding is not None:
+        h.update(np.ascontiguousarray(req.query_embedding).tobytes())
+    return h.digest()
 
 
 def _rescore(live: list[CandidateBatch], offsets: list[int], sel: fastpath.Selection) -> None:

@@ -4,7 +4,9 @@ block, so a provider serves it from its cache; what a call recalls beyond it goe
 The block is made again when its epoch changes: the summary folds (the history's start moves, so
 the prefix after the state changes anyway), the user's memories or recall index change (a write, an
 edit, a deletion: nothing stale or deleted is ever shown), the tenant's knowledge changes, or the
-call's roles, budgets or layout differ. Kept in memory per session, bounded."""
+call's roles, budgets or layout differ; and when it no longer serves the question: a block made for
+another question, with what fits after it, must show most of what this call would recall on its own
+(recall_covered), or the call's own recall becomes the block. Kept in memory per session, bounded."""
 
 from __future__ import annotations
 
@@ -36,14 +38,14 @@ class RecallBlock:
         self.by_section: dict[Section, int] = {p.kind: p.tokens for p in sections}  # taken from each budget
         self._items: list | None = None
         self._sources: frozenset[str] | None = None
-        self._served: OrderedDict[tuple, None] = OrderedDict()  # questions it was found to serve (recall_covered)
+        self._served: OrderedDict[bytes, None] = OrderedDict()  # digests of questions it served (recall_covered)
 
-    def serves(self, ask: tuple) -> bool:
-        """Whether this question (query, time of asking, client vector) was found served by the block:
+    def serves(self, ask: bytes) -> bool:
+        """Whether this question (a digest of its query, time of asking, client vector) was found served by the block:
         within one epoch its recall is the same, so the check is not made again (a tool loop's calls)."""
         return ask in self._served
 
-    def served(self, ask: tuple) -> None:
+    def served(self, ask: bytes) -> None:
         self._served[ask] = None
         while len(self._served) > SERVED_KEPT:
             self._served.popitem(last=False)
