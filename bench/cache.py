@@ -1,7 +1,8 @@
 """Provider prompt caching: how much of each model call's input a provider would serve from its
-cache, replaying (a) an ops agent's 40-turn tool loop, (b) LoCoMo sessions as chat and (c) a
-LongMemEval haystack as chat through a served sidecar, in the cache-aware layout and, in the same
-run and the same server, the classic one (LAYOUT_CLASSIC) as the baseline.
+cache, replaying (a) an ops agent's 40-turn tool loop, (b) LoCoMo sessions as chat, (c) a
+LongMemEval haystack as chat and (d) LoCoMo's questions asked one after another in one session (with
+the share of their evidence turns each context held) through a served sidecar, in the cache-aware
+layout and, in the same run and the same server, the classic one (LAYOUT_CLASSIC) as the baseline.
 
 Every model call is BuildContext rendered as chat, flattened to one string and counted in cl100k.
 - OpenAI's rule: the longest prefix shared with any earlier call of the session is cached once it
@@ -25,7 +26,17 @@ from pathlib import Path
 
 import numpy as np
 from harness import ServerProcess, emit
-from recall import DEFAULT_DATA, LOADERS, dataset_of, read_data
+from recall import (
+    DEFAULT_DATA,
+    LOADERS,
+    answer_kept,
+    dataset_of,
+    evidence_scores,
+    import_history,
+    read_data,
+    user_of,
+    wait_jobs,
+)
 
 from sidecar.api import context_service_pb2 as pb
 from sidecar.tokens import encode
@@ -233,10 +244,43 @@ CHAT_RULES = RULES.split("\n", 1)[1].replace("OpsPilot, the on-call assistant of
                                             "a helpful assistant with a long memory")
 
 
+# ------------------------------------------------------------------------------------ d: questions
+QUICK_QUESTIONS = 20
+QUESTION_BUDGET = pb.Budget(max_input=8000)  # a model with an 8k window; the other budgets the defaults
+
+
+def questions_in_turn(stub, path: Path, layout: int, name: str, quick: bool) -> tuple[list[Call], float]:
+    """LoCoMo's first conversation imported as a user's history, then its questions asked one after
+    another in one new session, as an agent's user asks them: each a user message and a model call at the
+    default budget, the data's answer the assistant's reply, the turn committed. Returns the calls and the
+    share of the questions' evidence turns their contexts held (as bench/recall.py counts them)."""
+    data = read_data(path)
+    conv = LOADERS[dataset_of(data)](data[:1])[0]
+    conv.tenant, conv.user = "questions", f"asker-{name}"
+    by_message = import_history(stub, conv)
+    wait_jobs(stub, conv)
+    scope = user_of(conv)
+    sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    text_of = {t.dia_id: t.text for t in conv.turns()}
+    calls, found = [], []
+    for q in conv.questions[:QUICK_QUESTIONS] if quick else conv.questions:
+        stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id=sid, messages=[
+            pb.NewMessage(role=pb.ROLE_USER, text=q.text)]))
+        resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, system_rules=CHAT_RULES,
+                                                        render=pb.RENDER_MODE_CHAT, layout=layout, budget=QUESTION_BUDGET))
+        calls.append(flatten(resp))
+        present = evidence_scores([it for s in resp.sections for it in s.items], by_message, kept=answer_kept(q, text_of))
+        found.append(sum(e in present for e in q.evidence) / len(q.evidence))
+        stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id=sid, messages=[
+            pb.NewMessage(role=pb.ROLE_ASSISTANT, text=str(q.answer) or "I don't know.")]))
+        commit(stub, scope, sid)
+    return calls, round(sum(found) / max(len(found), 1), 4)
+
+
 # ------------------------------------------------------------------------------------ main
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="10 tool-loop turns, 3 sessions of each dataset")
+    p.add_argument("--quick", action="store_true", help="10 tool-loop turns, 3 sessions of each dataset, 20 questions")
     p.add_argument("--locomo", type=Path, default=DEFAULT_DATA["locomo"])
     p.add_argument("--longmemeval", type=Path, default=DEFAULT_DATA["longmemeval"])
     a = p.parse_args()
@@ -266,10 +310,20 @@ def main() -> None:
                     ledger.session(calls)
                 scenarios.setdefault(key, {})[name] = ledger
                 log(key, name, ledger.figures())
+        recall: dict[str, float] = {}
+        if a.locomo.exists():
+            for name, layout in LAYOUTS.items():
+                ledger = Ledger()
+                calls, recall[name] = questions_in_turn(stub, a.locomo, layout, name, a.quick)
+                ledger.session(calls)
+                scenarios.setdefault("locomo_questions", {})[name] = ledger
+                log("locomo_questions", name, ledger.figures(), "evidence recall", recall[name])
         for key, ledgers in scenarios.items():
             now, base = ledgers["cache_aware"].figures(), ledgers["classic"].figures()
             out[key] = {**now, "baseline_cached_share": base["cached_share"],
                         "baseline_cost_openai": base["cost_openai"], "baseline_cost_anthropic": base["cost_anthropic"]}
+        if recall:
+            out["locomo_questions"].update(evidence_recall=recall["cache_aware"], baseline_evidence_recall=recall["classic"])
     finally:
         server.stop()
     out["seconds"] = round(time.monotonic() - started, 1)

@@ -589,6 +589,25 @@ def test_recall_metric_on_a_tiny_file(running, tmp_path):
     assert figures["build_p50_ms"] > 0
 
 
+def test_the_cache_bench_asks_a_users_questions_one_after_another_in_one_session(running, tmp_path):
+    import cache  # bench/cache.py
+
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY))
+    name = f"tiny-{os.getpid()}"
+    calls, found = cache.questions_in_turn(running.stub, path, pb.LAYOUT_CACHE_AWARE, name, quick=False)
+    assert len(calls) == 3 and found == 1.0  # the whole history fits: every question finds its evidence
+    scope = pb.Scope(tenant_id="questions", user_id=f"asker-{name}")
+    sessions = running.stub.ListSessions(pb.ListSessionsRequest(scope=scope)).sessions
+    asked = [s for s in sessions if s.session_id not in ("s1", "s2")]  # the two imported ones aside
+    history = running.stub.ListMessages(pb.ListMessagesRequest(scope=scope, session_id=asked[0].session_id,
+                                                                newest=100)).messages
+    assert len(asked) == 1 and [m.text for m in history][::2] == [q.text for q in recall.load(TINY)[0].questions]
+    ledger = cache.Ledger()
+    ledger.session(calls)
+    assert ledger.figures()["calls"] == 3
+
+
 def test_recall_plot_is_a_png_and_is_skipped_without_matplotlib(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     figures = {"recall": {"2000": 0.92, "4000": 0.96}, "recency": {"2000": 0.09, "4000": 0.2}}
