@@ -251,9 +251,9 @@ QUESTION_BUDGET = pb.Budget(max_input=8000)  # a model with an 8k window; the ot
 
 def questions_in_turn(stub, path: Path, layout: int, name: str, quick: bool) -> tuple[list[Call], float]:
     """LoCoMo's first conversation imported as a user's history, then its questions asked one after
-    another in one new session, as an agent's user asks them: each a user message and a model call at the
-    default budget, the data's answer the assistant's reply, the turn committed. Returns the calls and the
-    share of the questions' evidence turns their contexts held (as bench/recall.py counts them)."""
+    another in one new session, as an agent's user asks them: each a user message and a model call with an
+    8k window (QUESTION_BUDGET), the data's answer the assistant's reply, the turn committed. Returns the
+    calls and the share of the questions' evidence turns their contexts held (as bench/recall.py counts them)."""
     data = read_data(path)
     conv = LOADERS[dataset_of(data)](data[:1])[0]
     conv.tenant, conv.user = "questions", f"asker-{name}"
