@@ -364,3 +364,7 @@ def test_a_later_question_gets_its_own_recall_though_the_session_kept_an_earlier
     # The same question again (a tool loop's next model call) keeps the block the last call made.
     again, kept = recalled("when is the design team standup?")
     assert again == later and kept == remade
+    # Weighing the block took a second selection: each stage is still reported once, with its time.
+    timed = _build(stub, scope, session_id, query="who owns the payment api this week?", budget=budget, debug=True)
+    stages = [t.stage for t in timed.timings]
+    assert len(stages) == len(set(stages)) and {"features", "select"} <= set(stages)
