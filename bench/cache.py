@@ -29,9 +29,8 @@ from harness import ServerProcess, emit
 from recall import (
     DEFAULT_DATA,
     LOADERS,
-    answer_kept,
     dataset_of,
-    evidence_scores,
+    evidence_found,
     import_history,
     read_data,
     user_of,
@@ -269,8 +268,7 @@ def questions_in_turn(stub, path: Path, layout: int, name: str, quick: bool) -> 
         resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, system_rules=CHAT_RULES,
                                                         render=pb.RENDER_MODE_CHAT, layout=layout, budget=QUESTION_BUDGET))
         calls.append(flatten(resp))
-        present = evidence_scores([it for s in resp.sections for it in s.items], by_message, kept=answer_kept(q, text_of))
-        found.append(sum(e in present for e in q.evidence) / len(q.evidence))
+        found.append(evidence_found(resp, q, by_message, text_of))
         stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id=sid, messages=[
             pb.NewMessage(role=pb.ROLE_ASSISTANT, text=str(q.answer) or "I don't know.")]))
         commit(stub, scope, sid)

@@ -396,6 +396,13 @@ def answer_kept(q: Question, text_of: dict[str, str]) -> Callable[[str, str], bo
     return lambda d, shown: d not in evidence or keeps_answer(shown, text_of[d], answer)
 
 
+def evidence_found(resp, q: Question, by_message: dict[str, str], text_of: dict[str, str]) -> float:
+    """The share of the question's evidence turns a BuildContext response's context holds (evidence_scores,
+    a passage or memory only if it keeps the answer's words)."""
+    present = evidence_scores([it for s in resp.sections for it in s.items], by_message, kept=answer_kept(q, text_of))
+    return sum(e in present for e in q.evidence) / len(q.evidence)
+
+
 def evidence_scores(items: Iterable, by_message: dict[str, str],
                     memory_share: dict[str, float] | None = None,
                     kept: Callable[[str, str], bool] | None = None) -> dict[str, float]:
@@ -707,9 +714,7 @@ def ask_in_turn(stub, scope: pb.Scope, conv: Conversation, budgets: Sequence[int
         for q in conv.questions:
             resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid, query=q.text, budget=budget,
                                                             asked_at_ms=q.asked_at_ms))
-            present = evidence_scores([it for s in resp.sections for it in s.items], by_message,
-                                      kept=answer_kept(q, text_of))
-            out[b].append(sum(e in present for e in q.evidence) / len(q.evidence))
+            out[b].append(evidence_found(resp, q, by_message, text_of))
 
 
 def served_new_questions(db: str, convs: Sequence[Conversation], serve_args: list[str], n: int) -> dict:

@@ -281,7 +281,7 @@ class ContextBuilder:
         clock.lap("candidates")
 
         max_dropped = (1 << 30) if req.debug and not req.max_dropped else (req.max_dropped or DEFAULT_MAX_DROPPED)
-        ask = _question_key(req)
+        ask = _question_key(req) if req.cache_aware else b""  # only a kept block asks for it
         # This call's own recall; with a kept block it is needed only for a question the block has not served yet.
         own = None if kept is not None and kept.serves(ask) else self._select(
             batches, budget, soft_total, req.min_score, max_dropped, clock, whole_history=req.cache_aware)

@@ -59,9 +59,7 @@ class RecallBlock:
     @property
     def sources(self) -> frozenset[str]:
         if self._sources is None:
-            self._sources = frozenset(src for p in self._sections
-                                      for src in (p.item_sources if p.item_sources is not None
-                                                  else [it.source for it in p.items]))
+            self._sources = frozenset(src for src, _ in _recalled(self._sections))
         return self._sources
 
 
