@@ -379,9 +379,20 @@ def passages_of(resp, by_message: dict[str, str], whole_lines: dict[str, str]) -
     return cut - whole
 
 
+def word_form(word: str) -> str:
+    """A lowercased word in its singular ("tools" -> tool, "classes" -> class, "stories" -> story; "bus",
+    "analysis" kept), so an answer that says "tool" is kept by a passage that says "tools"."""
+    if len(word) <= 3 or not word.endswith("s") or word.endswith(("ss", "us", "is")):
+        return word
+    if word.endswith(("sses", "xes", "ches", "shes")):
+        return word[:-2]
+    return word[:-3] + "y" if word.endswith("ies") and len(word) > 4 else word[:-1]
+
+
 def answer_words(text: str) -> frozenset[str]:
-    """The words of an answer (or of a turn) that can say it: lowercased, stopwords left out."""
-    return frozenset(w for w in _WORD_RE.findall(text.lower()) if w not in STOPWORDS)
+    """The words of an answer (or of a turn) that can say it: lowercased, stopwords left out, each in
+    its word_form."""
+    return frozenset(word_form(w) for w in _WORD_RE.findall(text.lower()) if w not in STOPWORDS)
 
 
 def keeps_answer(shown: str, whole: str, answer: frozenset[str]) -> bool:

@@ -221,6 +221,12 @@ def test_a_passage_or_memory_recalls_its_turn_only_if_it_keeps_the_answer_words_
     assert not recall.keeps_answer("… The launch is on May 1st. …", whole, answer)
     # An answer the turn does not say in words (a count, a paraphrase) cannot be cut out of it.
     assert recall.keeps_answer("… Posts go out weekly.", whole, recall.answer_words("three posts"))
+    # A word is kept in its plural too ("tools" keeps an answer's "tool"), and a cut plural is still cut.
+    tools = "Sen2Cor runs alone. The SIAC_GEE tools implement 6S. Both are tools for correction."
+    six = recall.answer_words("The 6S algorithm is implemented in the SIAC_GEE tool.")
+    assert recall.keeps_answer("… The SIAC_GEE tools implement 6S. …", tools, six)
+    assert not recall.keeps_answer("Sen2Cor runs alone. …", tools, six)
+    assert recall.answer_words("dollars classes stories bus analysis") == {"dollar", "class", "story", "bus", "analysis"}
 
     by_message = {"m1": "S1:1", "m2": "S1:2", "m3": "S1:3"}
     text_of = {"S1:1": whole, "S1:2": "Short.", "S1:3": whole}
