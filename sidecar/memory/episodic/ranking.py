@@ -64,7 +64,7 @@ class Ranking:
     # Similar words: the user's own terms nearest each query term in the static word vectors ("married"
     # -> husband, wife), the vocabulary gap a lexical ranker misses.
     similar_terms: int = 10  # per query term, at most this many
-    similar_weight: float = 0.2  # ... their share
+    similar_weight: float = 0.25  # ... their share
     similar_min: float = 0.4  # ... whose cosine with the query term is at least this
     # Knowledge updates (updates.py): among the packed turns, a newer telling of the same thing (same
     # speaker, most of what the older turn was matched on said again) scores just above the older one.
@@ -83,11 +83,12 @@ class Ranking:
 DEFAULT_RANKING = Ranking()
 # With a model embedder (the optional `model` profile): its cosine weighs more (but for a question
 # asking when), the turn's cosine is fused half and half with its contextual one instead of smoothed
-# over the neighbours, and the query is embedded without the speakers' names.
+# over the neighbours, the query is embedded without the speakers' names, and the similar words keep the
+# share they were measured at with the model.
 MODEL_RANKING = replace(DEFAULT_RANKING, dense_weight=0.55, kind_dense_weight=0.6, when_dense_weight=0.25,
                         prev_decay=0.7, next_decay=0.7, self_boost=0.0, other_penalty=0.0, dense_neighbours=False,
                         embed_context=1, context_mix=0.5, dense_query_names=False, assoc_weight=0.15, b=1.0,
-                        prf_docs=10, prf_weight=0.05)
+                        prf_docs=10, prf_weight=0.05, similar_weight=0.2)
 
 
 def _index_knobs(r: Ranking) -> tuple[int, bool, int, int, float, bool]:
