@@ -317,12 +317,13 @@ class ContextBuilder:
         cache = self.prompts.compare((scope.tenant_id, scope.user_id, req.session_id), packed, header_tokens,
                                      prompt_head(view))
         clock.lap("render")
+        laps = clock.laps
         if self.stage_observer is not None:
-            self.stage_observer(clock.laps)
+            self.stage_observer(laps)
         return BuildResult(
             packed=packed, usage=usage, hard_zone_tokens=hard_tokens, soft_zone_tokens=soft_tokens,
             total_budget=budget.total, dropped=dropped, drop_counts=drop_counts, stable_prefix_hash=prefix_hash,
-            stable_prefix_tokens=prefix_tokens, knowledge_status=_knowledge_status(batches), timings=clock.laps,
+            stable_prefix_tokens=prefix_tokens, knowledge_status=_knowledge_status(batches), timings=laps,
             debug=req.debug, cache=cache, token_counter=counter.name, tools=req.tools, view=view)
 
     def forget_user(self, scope: Scope) -> dict[str, int]:
@@ -696,18 +697,17 @@ class _StageClock:
     stage taken twice in one call (a second selection beside a kept recall block) is one lap, the sum."""
 
     def __init__(self) -> None:
-        self.laps: list[tuple[str, int]] = []
+        self._micros: dict[str, int] = {}  # stage -> microseconds, in the order stages were first taken
         self._last = time.perf_counter_ns()
 
     def lap(self, stage: str) -> None:
         now = time.perf_counter_ns()
-        micros = (now - self._last) // 1000
+        self._micros[stage] = self._micros.get(stage, 0) + (now - self._last) // 1000
         self._last = now
-        for i, (name, before) in enumerate(self.laps):
-            if name == stage:
-                self.laps[i] = (name, before + micros)
-                return
-        self.laps.append((stage, micros))
+
+    @property
+    def laps(self) -> list[tuple[str, int]]:
+        return list(self._micros.items())
 
 
 ROLE_LABELS = {int(r): r.label for r in Role}
