@@ -823,6 +823,7 @@ def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[st
     board = Board()
     spent: list[float] = []
     per_question: dict[int, list[float]] = {b: [] for b in budgets}
+    conversation_of: list[int] = []  # each question's conversation, in per_question's order
     clock = app.builder.clock
     try:
         for conv in convs:
@@ -834,6 +835,7 @@ def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[st
             text_of = {t.dia_id: t.text for t in conv.turns()}
             for q in conv.questions:
                 kept = answer_kept(q, text_of)
+                conversation_of.append(conv.index)
                 asked_at = q.asked_at_ms or (last_turn + DAY_MS if live else 0)
                 if live:
                     app.builder.clock = lambda asked_at=asked_at: asked_at
@@ -854,7 +856,8 @@ def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[st
                     per_question[b].append(sum(e in present for e in q.evidence) / len(q.evidence))
     finally:
         app.builder.clock = clock
-    return {**board.summary(budgets), "build_ms": percentiles(spent) if spent else {}, "per_question": per_question}
+    return {**board.summary(budgets), "build_ms": percentiles(spent) if spent else {}, "per_question": per_question,
+            "conversation_of": conversation_of}
 
 
 def best_of(runs: Sequence[dict]) -> dict[str, float]:
@@ -864,6 +867,31 @@ def best_of(runs: Sequence[dict]) -> dict[str, float]:
     budgets = runs[0]["per_question"]
     return {str(b): round(sum(map(max, zip(*(r["per_question"][b] for r in runs), strict=True)))
                           / max(len(runs[0]["per_question"][b]), 1), 4) for b in budgets}
+
+
+def against(base: dict, run: dict, resamples: int = 2000, seed: int = 0) -> dict[str, dict]:
+    """Per budget, how `run` differs from `base` question by question (both offline_evaluate's, over the
+    same questions): questions better and worse, the mean difference in points and its 95 % interval,
+    resampling the conversations with replacement (`conversation_of`: a question's conversation; each
+    question its own without it), as other conversations would differ, seeded so a rerun prints the
+    same. An interval holding 0 is a difference these conversations cannot tell from chance."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out: dict[str, dict] = {}
+    for b, ours in base["per_question"].items():
+        diff = np.asarray(run["per_question"][b], np.float64) - np.asarray(ours, np.float64)
+        if not len(diff):
+            continue
+        _, conv = np.unique(base.get("conversation_of", np.arange(len(diff))), return_inverse=True)
+        sums, sizes = np.bincount(conv, diff), np.bincount(conv)
+        picks = rng.integers(0, len(sums), (resamples, len(sums)))
+        means = sums[picks].sum(axis=1) / sizes[picks].sum(axis=1)
+        lo, hi = np.percentile(means, (2.5, 97.5))
+        out[str(b)] = {"better": int((diff > 0).sum()), "worse": int((diff < 0).sum()),
+                       "points": round(100 * float(diff.mean()), 2),
+                       "ci95": [round(100 * float(lo), 2), round(100 * float(hi), 2)]}
+    return out
 
 
 # ---------------------------------------------------------------------------------------- server
@@ -1088,7 +1116,9 @@ def main() -> None:
                              "there too (LoCoMo's a day after its last turn), as a live user's turns are days old")
     parser.add_argument("--ranking", action="append", default=[],
                         help="with --offline: episodic knobs, e.g. neighbours=3,dense_weight=0.1; given more than once, "
-                             "each is evaluated and `best_of` says what picking the best of them per question would recall")
+                             "each is evaluated, compared with the first question by question (`against_first`: "
+                             "the difference and its 95 %% interval), and `best_of` says what picking the best of "
+                             "them per question would recall ('' is the profile as shipped)")
     args = parser.parse_args()
     embedder = PROFILES[args.profile]
     if embedder in NEEDS and not model_installed(embedder):
@@ -1117,9 +1147,18 @@ def main() -> None:
             app.close()
         for spec, run in zip(args.ranking, runs, strict=False):
             print(f"{spec or '(as shipped)'}: recall {run['recall']}")
-        totals = [{**{k: v for k, v in run.items() if k != "per_question"}, "live": args.live} for run in runs]
-        emit(totals[0] if len(runs) == 1 else
-             {"rankings": dict(zip(args.ranking, totals, strict=True)), "best_of": best_of(runs)})
+        totals = [{**{k: v for k, v in run.items() if k not in ("per_question", "conversation_of")}, "live": args.live}
+                  for run in runs]
+        if len(runs) == 1:
+            emit(totals[0])
+            return
+        versus = {spec: against(runs[0], run) for spec, run in zip(args.ranking[1:], runs[1:], strict=True)}
+        for spec, by_budget in versus.items():
+            print(f"{spec} against {args.ranking[0] or '(as shipped)'}: " + "; ".join(
+                f"{b}: {d['points']:+.2f} points [{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}], "
+                f"{d['better']} better, {d['worse']} worse" for b, d in by_budget.items()))
+        emit({"rankings": dict(zip(args.ranking, totals, strict=True)), "best_of": best_of(runs),
+              "against_first": versus})
         return
     before = yardstick_ms()
     serve_args = ["--embedder", embedder]

@@ -501,6 +501,28 @@ def test_terms_said_with_the_query_terms_widen_it():
                                                          ).associated(terms(q), names, r)
 
 
+def test_a_ranking_is_compared_with_the_first_question_by_question():
+    base = {"per_question": {2000: [1.0, 0.5, 0.0, 1.0] * 50}}
+    assert recall.against(base, base) == {"2000": {"better": 0, "worse": 0, "points": 0.0, "ci95": [0.0, 0.0]}}
+    # Every question a little better: an interval clear of 0.
+    lifted = {"per_question": {2000: [1.0, 1.0, 0.5, 1.0] * 50}}
+    clear = recall.against(base, lifted)["2000"]
+    assert (clear["better"], clear["worse"], clear["points"]) == (100, 0, 25.0) and 0 < clear["ci95"][0] < 25 < clear["ci95"][1]
+    # Two questions up, one down among 200: a difference the questions cannot tell from chance.
+    flipped = {"per_question": {2000: [1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 0.0, 1.0] + base["per_question"][2000][8:]}}
+    flipped["per_question"][2000][3] = 0.0
+    noise = recall.against(base, flipped)["2000"]
+    assert (noise["better"], noise["worse"]) == (2, 1) and noise["ci95"][0] < 0 < noise["ci95"][1]
+    assert recall.against(base, flipped)["2000"] == noise  # seeded: a rerun prints the same
+    # Questions of a few conversations: resampled by conversation, as unseen conversations would differ.
+    # Two conversations, one the same and one all better: the interval spans both.
+    split = {"per_question": {2000: [1.0] * 100 + [0.0] * 100}, "conversation_of": [1] * 100 + [2] * 100}
+    mixed = {"per_question": {2000: [1.0] * 200}}
+    by_conv = recall.against(split, mixed)["2000"]
+    assert by_conv["points"] == 50.0 and by_conv["ci95"][0] <= 0.0 and by_conv["ci95"][1] == 100.0
+    assert 40 < recall.against({**split, "conversation_of": list(range(200))}, mixed)["2000"]["ci95"][0]
+
+
 def test_offline_mode_matches_the_grpc_metric(tmp_path):
     convs = recall.load(TINY)
     app, maps = recall.offline_app(tmp_path / "cache", convs)
