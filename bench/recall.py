@@ -547,6 +547,8 @@ class Board:
         # one in the context, and questions with the newest and an older evidence turn both in it.
         self.newer_first: dict[int, int] = defaultdict(int)
         self.update_pairs: dict[int, int] = defaultdict(int)
+        # Ours at the turn level, per budget: (conversation, share of the question's evidence) per question.
+        self.ours: dict[int, list[tuple[int, float]]] = defaultdict(list)
 
     def add_update_order(self, q: Question, budget: int, scores: dict[str, float]) -> None:
         """For a knowledge-update question (a value the user stated again later, changed), whether the
@@ -565,6 +567,8 @@ class Board:
             session_of: dict[str, str]) -> None:
         groups = ("", f"cat:{q.category}", *((f"half:{conv.half}",) if conv.half else ()))
         sessions = {session_of[d] for d in present if d in session_of} if q.sessions else set()
+        if method == "ours":
+            self.ours[budget].append((conv.index, sum(e in present for e in q.evidence) / len(q.evidence)))
         for g in groups:
             self.tallies[method, "turn", g].add(budget, q.evidence, present)
             if q.sessions:
@@ -588,6 +592,10 @@ class Board:
                         self.tallies[method, level, ""].figures(budgets)
                     out[figure_key(method, "by_category", level)] = {
                         c: self.tallies[method, level, f"cat:{c}"].figures(budgets)[0] for c in cats}
+        if self.ours:
+            # How far the turn-level recall would move over other conversations like these.
+            out["recall_ci95"] = {str(b): interval95([v for _, v in self.ours[b]], [c for c, _ in self.ours[b]])
+                                  for b in budgets if self.ours[b]}
         if self.update_pairs:
             out["update_newer_first"] = {str(b): round(self.newer_first[b] / max(self.update_pairs[b], 1), 4)
                                          for b in budgets}
@@ -869,6 +877,26 @@ def best_of(runs: Sequence[dict]) -> dict[str, float]:
                           / max(len(runs[0]["per_question"][b]), 1), 4) for b in budgets}
 
 
+def resampled_means(values: Sequence[float], conversation_of: Sequence[int], resamples: int = 2000,
+                    seed: int = 0):
+    """The mean of `values` (one per question) over the questions of conversations drawn with
+    replacement, `resamples` times (seeded): how the mean would spread over other conversations."""
+    import numpy as np
+
+    _, conv = np.unique(np.asarray(conversation_of), return_inverse=True)
+    sums, sizes = np.bincount(conv, np.asarray(values, np.float64)), np.bincount(conv)
+    picks = np.random.default_rng(seed).integers(0, len(sums), (resamples, len(sums)))
+    return sums[picks].sum(axis=1) / sizes[picks].sum(axis=1)
+
+
+def interval95(values: Sequence[float], conversation_of: Sequence[int]) -> list[float]:
+    """The 95 % interval of the mean of `values` over conversations (resampled_means), as fractions."""
+    import numpy as np
+
+    lo, hi = np.percentile(resampled_means(values, conversation_of), (2.5, 97.5))
+    return [round(float(lo), 4), round(float(hi), 4)]
+
+
 def against(base: dict, run: dict, resamples: int = 2000, seed: int = 0) -> dict[str, dict]:
     """Per budget, how `run` differs from `base` question by question (both offline_evaluate's, over the
     same questions): questions better and worse, the mean difference in points and its 95 % interval,
@@ -877,16 +905,12 @@ def against(base: dict, run: dict, resamples: int = 2000, seed: int = 0) -> dict
     same. An interval holding 0 is a difference these conversations cannot tell from chance."""
     import numpy as np
 
-    rng = np.random.default_rng(seed)
     out: dict[str, dict] = {}
     for b, ours in base["per_question"].items():
         diff = np.asarray(run["per_question"][b], np.float64) - np.asarray(ours, np.float64)
         if not len(diff):
             continue
-        _, conv = np.unique(base.get("conversation_of", np.arange(len(diff))), return_inverse=True)
-        sums, sizes = np.bincount(conv, diff), np.bincount(conv)
-        picks = rng.integers(0, len(sums), (resamples, len(sums)))
-        means = sums[picks].sum(axis=1) / sizes[picks].sum(axis=1)
+        means = resampled_means(diff, base.get("conversation_of", range(len(diff))), resamples, seed)
         lo, hi = np.percentile(means, (2.5, 97.5))
         out[str(b)] = {"better": int((diff > 0).sum()), "worse": int((diff < 0).sum()),
                        "points": round(100 * float(diff.mean()), 2),
@@ -960,6 +984,12 @@ def _row(cells: Sequence[str], d: dict, budgets: Sequence[int]) -> str:
     return "| " + " | ".join([*cells, *(_pct(d.get(str(b))) for b in budgets)]) + " |"
 
 
+def _interval_row(cells: Sequence[str], figures: dict, budgets: Sequence[int]) -> str:
+    ci = figures["recall_ci95"]
+    return "| " + " | ".join([*cells, *(f"{_pct(ci[str(b)][0])}-{_pct(ci[str(b)][1])}" if str(b) in ci else "-"
+                                        for b in budgets)]) + " |"
+
+
 def locomo_table(figures: dict, profile: str, budgets: Sequence[int]) -> list[str]:
     lines = [f"# LoCoMo evidence recall, profile `{profile}` ({figures['questions']} questions, categories 1-4)",
              "", *_header([""], budgets)]
@@ -967,6 +997,8 @@ def locomo_table(figures: dict, profile: str, budgets: Sequence[int]) -> list[st
         for kind, what in (("recall", "evidence recall"), ("all_evidence", "all evidence")):
             if (key := figure_key(method, kind)) in figures:
                 lines.append(_row([f"{name}: {what}"], figures[key], budgets))
+        if method == "ours" and "recall_ci95" in figures:
+            lines.append(_interval_row(["ours: evidence recall, 95 % interval over conversations"], figures, budgets))
     for c, d in figures["by_category"].items():
         lines.append(_row([f"cat {c} {CATEGORY_NAMES[int(c)]} (n={figures['by_category_n'][c]})"], d, budgets))
     for k, d in figures.get("halves", {}).items():
@@ -994,6 +1026,8 @@ def longmemeval_table(figures: dict, profile: str, budgets: Sequence[int]) -> li
                 d = (figures[figure_key(method, "by_category", level)][t] if t
                      else figures[figure_key(method, "recall", level)])
                 lines.append(_row([f"{t or 'all'} ({n})" if i == 0 else "", name], d, budgets))
+                if not t and method == "ours" and level == "turn" and "recall_ci95" in figures:
+                    lines.append(_interval_row(["", "ours: 95 % interval"], figures, budgets))
     if "update_newer_first" in figures:
         lines += ["", "Knowledge updates: of the knowledge-update questions with their newest evidence turn and an older "
                       "one both in the context, the share where the newest scored above every older one: "

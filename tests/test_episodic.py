@@ -521,6 +521,10 @@ def test_a_ranking_is_compared_with_the_first_question_by_question():
     by_conv = recall.against(split, mixed)["2000"]
     assert by_conv["points"] == 50.0 and by_conv["ci95"][0] <= 0.0 and by_conv["ci95"][1] == 100.0
     assert 40 < recall.against({**split, "conversation_of": list(range(200))}, mixed)["2000"]["ci95"][0]
+    # A figure's own interval: its questions resampled by conversation.
+    assert recall.interval95([1.0] * 100 + [0.0] * 100, [1] * 100 + [2] * 100) == [0.0, 1.0]
+    lo, hi = recall.interval95([1.0] * 150 + [0.0] * 50, list(range(200)))
+    assert 0.65 < lo < 0.75 < hi < 0.85
 
 
 def test_offline_mode_matches_the_grpc_metric(tmp_path):
@@ -531,6 +535,8 @@ def test_offline_mode_matches_the_grpc_metric(tmp_path):
         figures = recall.offline_evaluate(app, convs, maps, (2000, 20))
         assert figures["questions"] == 3
         assert figures["recall"]["2000"] == 1.0 and figures["recall"]["20"] < 1.0
+        # Each figure's spread over conversations like these: one conversation, so the interval is the figure.
+        assert figures["recall_ci95"] == {"2000": [1.0, 1.0], "20": [figures["recall"]["20"]] * 2}
         # best_of: per question the better of the runs (an upper bound on picking between rankings).
         assert recall.best_of([figures, figures]) == figures["recall"]
         other = {"per_question": {2000: [0.0, 0.0, 0.0], 20: [1.0, 1.0, 0.0]}}
