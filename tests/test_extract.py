@@ -47,6 +47,18 @@ def extract_one(text: str, role: str = "user") -> list[MemoryCandidate]:
         ("I really like those ideas, especially the planner.", "semantic", "interest:really_like_those_ideas_especially_planner"),
         ("I like the wine and cheese gift basket idea.", "semantic", "interest:like_wine_cheese_gift_basket_idea"),
         ("I like the mountains and the idea of living there.", "preference", None),
+        ("I like the plan.", "semantic", None),
+        ("I like the sample workout routine you provided, but slower.", "semantic", None),
+        ("I like how you mentioned the print I won.", "semantic", None),
+        ("I like the fact that it charges two devices.", "semantic", None),
+        ("I like it.", "semantic", None),
+        ("I'd like a pump that's durable and reliable.", "semantic", None),
+        ("I'd like that!", "semantic", None),
+        ("I like some of those ideas.", "semantic", None),
+        # How to answer from now on is a preference; a piece of work asked for now is no memory at all.
+        ("Please write in English language.", "preference", "language"),
+        ("Please use metric units.", "preference", None),
+        ("Please keep it short.", "preference", None),
     ],
 )
 def test_user_statements(text: str, ctype: str, subject: str | None) -> None:
@@ -117,7 +129,13 @@ def test_weak_cues_get_low_confidence() -> None:
     "text",
     ["What editor do I prefer?", "ok thanks", "好的", "The build is green.", "以后呢？", "Do you like vim?",
      # "every morning" of someone else (a pasted story or article) is not the user's habit
-     "The shop opens every morning at 9.", "Duulo woke up every night and many came to him for advice."],
+     "The shop opens every morning at 9.", "Duulo woke up every night and many came to him for advice.",
+     "Please write an email to the retired members.", "Please respond as the user.",
+     "Please keep in mind the following as you rewrite the section.", "Please keep track of it as well.",
+     "Can you please use the above data model for the campaign.", "Please write the key words above the table.",
+     # a comparison, or a title in quotes, says nothing the user likes or is called
+     "I'll try both apps and see which one I like best.", "I went to bed at 11:45, which is later than I'd like.",
+     'Wow, I had no idea "My Name Is" had so many references.'],
 )
 def test_no_candidates(text: str) -> None:
     assert extract_one(text) == []

@@ -47,18 +47,31 @@ class Extractor(Protocol):
 # --------------------------------------------------------------------------- rules
 
 # "I like" / "I'd like" state a preference, but not as a reaction to what was just said ("I like the idea
-# of...", "I like those") or as a request of this conversation ("I'd like to know...", "I'd like you to
-# help..."): those say what the user is about now (_INTEREST_RE), kept as facts that compete only by
-# relevance, not as preferences that compete on every call.
-_REACTION = (r"\s+(?:the\s+(?:ideas?|sound|look|suggestions?|options?|first|second|third|last|(?:(?!the\b)[\w'-]+\s+){1,5}?"
-             r"(?:ideas?|suggestions?|options?))|that|this|these|those|your|both)\b")
-_REQUEST = r"\s+(?:(?:you|it|them|him|her|us|someone|somebody)\s+)?to\b"
+# of...", "I like those", "I like the plan", "I like how you put it", "I like the example you gave") or as
+# a want of this conversation ("I'd like to know...", "I'd like you to help...", "I'd like a durable
+# pump", "I'd like that!"): those say what the user is about now (_INTEREST_RE), kept as facts that
+# compete only by relevance, not as preferences that compete on every call.
+# What an assistant hands over, that a user reacts to with "I like the ...".
+_OFFERED = (r"ideas?|suggestions?|options?|sound|look|plan|template|examples?|format|outline|draft|list|recipe|routine|"
+            r"schedule|itinerary|layout|structure|approach|tips|recommendations?|design|fact")
+_REACTION = (r"\s+(?:the\s+(?:(?:(?!the\b)[\w'-]+\s+){0,5}?(?:" + _OFFERED + r")|first|second|third|last|"
+             r"(?:(?!the\b)[\w'-]+\s+){1,5}?you(?:'ve)?)|that|this|these|those|your|both|it|how|what\s+you|"
+             r"(?:some|most|all|one|many|each)\s+of)\b")
+_REQUEST = r"\s+(?:(?:(?:you|it|them|him|her|us|someone|somebody)\s+)?to|that|this|it|those|these|some|an?|more)\b"
 _INTEREST_RE = re.compile(r"\bi\s+(?:really\s+)?like" + _REACTION + r"|\bi'?d\s+like" + _REQUEST, re.I)
+# "Please ..." states a standing wish when it says how to answer from now on ("please always...", "please
+# answer in Chinese", "please use metric units", "please keep answers short"); not when it asks for a
+# piece of work now ("please write an email...", "please use the above data", "please keep in mind...").
+_STANDING_PLEASE = (r"\bplease\s+(?:always|never)\b|\bplease\s+(?:answer|reply|respond|write)\s+(?:(?:only|always)\s+)?in\b|"
+                    r"\bplease\s+use\b(?!\s+(?:the|this|that|these|those|it|them|my|our|your|a|an)\b)|"
+                    r"\bplease\s+keep\b(?!\s+(?:me|us)\b|\s+(?:(?:it|this|that|them|these|those)\s+)?(?:in\s+mind|track|going)\b)")
+# "... which one I like best", "... later than I'd like": a comparison, no statement of what is liked.
+_NOT_A_CHOICE = r"(?<!\bwhich\s)(?<!\bwhich\sone\s)(?<!\bwhich\sones\s)(?<!\bthan\s)"
 _PREFERENCE_RE = re.compile(
-    r"\bi\s+(?:would\s+|'d\s+)?prefer\b|\bi\s+(?:really\s+)?like\b(?!" + _REACTION + r")|\bi'?d\s+like\b(?!"
-    + _REQUEST + r")|\bplease\s+(?:always|use|answer|reply|"
-    r"respond|write|keep)\b|\bfrom\s+now\s+on\b|\bgoing\s+forward\b|\bcall\s+me\b|\bby\s+default\b|\bdefault\s+to\b|"
-    r"\bmy\s+(?:name\s+is|preferred)\b|以后|今后|我(?:可能|也许|大概|或许)?更?喜欢|我习惯|请用|请使用|默认|我偏好|叫我",
+    r"\bi\s+(?:would\s+|'d\s+)?prefer\b|" + _NOT_A_CHOICE + r"\bi\s+(?:really\s+)?like\b(?!" + _REACTION + r")|"
+    + _NOT_A_CHOICE + r"\bi'?d\s+like\b(?!" + _REQUEST + r")|" + _STANDING_PLEASE
+    + r"|\bfrom\s+now\s+on\b|\bgoing\s+forward\b|\bcall\s+me\b|\bby\s+default\b|"
+    r"\bdefault\s+to\b|\bmy\s+(?:name\s+is\b(?![\"\u201d])|preferred\b)|以后|今后|我(?:可能|也许|大概|或许)?更?喜欢|我习惯|请用|请使用|默认|我偏好|叫我",
     re.I,
 )
 _HABIT_RE = re.compile(
