@@ -830,8 +830,6 @@ def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[st
         source.set_ranking(ranking)
     board = Board()
     spent: list[float] = []
-    per_question: dict[int, list[float]] = {b: [] for b in budgets}
-    conversation_of: list[int] = []  # each question's conversation, in per_question's order
     clock = app.builder.clock
     try:
         for conv in convs:
@@ -843,7 +841,6 @@ def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[st
             text_of = {t.dia_id: t.text for t in conv.turns()}
             for q in conv.questions:
                 kept = answer_kept(q, text_of)
-                conversation_of.append(conv.index)
                 asked_at = q.asked_at_ms or (last_turn + DAY_MS if live else 0)
                 if live:
                     app.builder.clock = lambda asked_at=asked_at: asked_at
@@ -861,11 +858,12 @@ def offline_evaluate(app, convs: Sequence[Conversation], maps: dict[int, dict[st
                     present = set(scores)
                     board.add("ours", conv, q, b, present, session_of)
                     board.add_update_order(q, b, scores)
-                    per_question[b].append(sum(e in present for e in q.evidence) / len(q.evidence))
     finally:
         app.builder.clock = clock
-    return {**board.summary(budgets), "build_ms": percentiles(spent) if spent else {}, "per_question": per_question,
-            "conversation_of": conversation_of}
+    # Each question's share of its evidence, per budget, and its conversation (Board.ours, in asking order).
+    return {**board.summary(budgets), "build_ms": percentiles(spent) if spent else {},
+            "per_question": {b: [v for _, v in board.ours[b]] for b in budgets},
+            "conversation_of": [c for c, _ in board.ours[budgets[0]]] if budgets else []}
 
 
 def best_of(runs: Sequence[dict]) -> dict[str, float]:
@@ -897,7 +895,7 @@ def interval95(values: Sequence[float], conversation_of: Sequence[int]) -> list[
     return [round(float(lo), 4), round(float(hi), 4)]
 
 
-def against(base: dict, run: dict, resamples: int = 2000, seed: int = 0) -> dict[str, dict]:
+def against(base: dict, run: dict) -> dict[str, dict]:
     """Per budget, how `run` differs from `base` question by question (both offline_evaluate's, over the
     same questions): questions better and worse, the mean difference in points and its 95 % interval,
     resampling the conversations with replacement (`conversation_of`: a question's conversation; each
@@ -910,11 +908,9 @@ def against(base: dict, run: dict, resamples: int = 2000, seed: int = 0) -> dict
         diff = np.asarray(run["per_question"][b], np.float64) - np.asarray(ours, np.float64)
         if not len(diff):
             continue
-        means = resampled_means(diff, base.get("conversation_of", range(len(diff))), resamples, seed)
-        lo, hi = np.percentile(means, (2.5, 97.5))
+        ci = interval95(diff, base.get("conversation_of", range(len(diff))))
         out[str(b)] = {"better": int((diff > 0).sum()), "worse": int((diff < 0).sum()),
-                       "points": round(100 * float(diff.mean()), 2),
-                       "ci95": [round(100 * float(lo), 2), round(100 * float(hi), 2)]}
+                       "points": round(100 * float(diff.mean()), 2), "ci95": [round(100 * x, 2) for x in ci]}
     return out
 
 
