@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 SOURCES := pyproject.toml setup.py $(wildcard proto/context_sidecar/v1/*.proto) $(wildcard fastpath/*.pyx fastpath/*.pxd)
 PYTEST_ARGS ?=
+# Test processes: one per core, at most four (the suite's servers and the soak share the machine).
+# TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= auto
 ARGS ?=
 
 .PHONY: install run demo test compile lint bench clean
@@ -26,9 +29,10 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m sidecar demo $(ARGS)
 
-# The whole suite. pytest's exit 5 (no tests collected) is a failure, not a pass.
+# The whole suite, spread over TEST_WORKERS processes (pytest-xdist). pytest's exit 5 (no tests
+# collected) is a failure, not a pass.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "FAIL: pytest collected no tests"; fi; exit $$rc
 
 # Rebuild the Cython fastpath and the gRPC stubs in place after editing them.
