@@ -396,3 +396,68 @@ def test_sessions_of_one_millisecond_are_indexed_in_the_databases_order(fresh_se
     _import(stub, scope, twins)
     assert reads == []
     assert list(_index_of(app, scope).ids) == [m.message_id for m in rows_of(Scope("import-whole", "same-ms"), [1, 2])]
+
+
+def _memories(stub, scope: pb.Scope, inactive: bool = False) -> dict[str, pb.Memory]:
+    listed = stub.ListMemories(pb.ListMemoriesRequest(scope=scope, include_inactive=inactive, page_size=500))
+    return {m.content: m for m in listed.memories}
+
+
+def test_a_history_imported_after_a_newer_statement_is_its_history(stub, scope):
+    """Memories are dated when they were said: an imported history's statements, older than what the
+    user has said since, become that memory's history instead of replacing it, whatever the order of
+    the sessions in the call."""
+    live = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    said = stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id=live, messages=[
+        pb.NewMessage(role=pb.ROLE_USER, text="Our production database is PostgreSQL now.")])).messages
+    stub.CommitTurn(pb.CommitTurnRequest(scope=scope, session_id=live))
+    _wait(stub, scope)
+    [current] = _memories(stub, scope).values()
+    assert current.created_at_ms == said[0].timestamp_ms
+    past = [_past(1, ["Our production database is MySQL 8."]), _past(0, ["Our production database is Oracle."])]
+    answer = _import(stub, scope, past)  # newest first
+    _wait(stub, scope)
+    assert list(_memories(stub, scope)) == [current.content]
+    everything = _memories(stub, scope, inactive=True)
+    for session, content in zip(answer.sessions, ("Our production database is MySQL 8.",
+                                                  "Our production database is Oracle."), strict=True):
+        old = everything[content]
+        assert old.status == pb.MEMORY_STATUS_SUPERSEDED and old.superseded_by == current.memory_id
+        assert list(old.source_message_ids) == list(session.message_ids)
+        assert old.created_at_ms == session.session.created_at_ms  # when it was said
+        changes = stub.GetMemoryHistory(pb.GetMemoryHistoryRequest(scope=scope, memory_id=old.memory_id)).changes
+        assert [c.action for c in changes] == ["create", "supersede"]
+    asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking,
+                                                    query="Which production database do we run?"))
+    packed = [it.source for s in resp.sections for it in s.items if it.source.startswith("memory:")]
+    assert packed == [f"memory:{current.memory_id}"]
+    superseded = {d.source for d in resp.dropped if d.reason == pb.DROP_REASON_SUPERSEDED}
+    assert superseded == {f"memory:{everything[c].memory_id}" for c in everything if c != current.content}
+
+
+def test_an_imported_history_keeps_its_newest_statement_whatever_the_sessions_order(stub, scope):
+    _import(stub, scope, [_past(2, ["From now on answer in Spanish."]), _past(1, ["From now on answer in German."])])
+    _wait(stub, scope)
+    assert list(_memories(stub, scope)) == ["From now on answer in Spanish."]
+    newest = _memories(stub, scope)["From now on answer in Spanish."]
+    older = _memories(stub, scope, inactive=True)["From now on answer in German."]
+    assert older.superseded_by == newest.memory_id and older.created_at_ms < newest.created_at_ms
+
+
+def test_a_memorys_recency_counts_to_the_time_of_asking(stub, scope):
+    """A replayed history asked about at its own time of asking scores its memories as they scored
+    then; asked about years later (the server's clock), they carry no recency."""
+    _import(stub, scope, [_past(0, ["Our production database is MySQL 8."])])
+    _wait(stub, scope)
+    [memory] = _memories(stub, scope).values()
+
+    def score(asked_at_ms: int) -> float:
+        asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+        resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking, asked_at_ms=asked_at_ms,
+                                                        query="Which production database do we run?"))
+        [item] = [it for s in resp.sections for it in s.items if it.source == f"memory:{memory.memory_id}"]
+        return item.score
+
+    then, years_later = score(memory.created_at_ms + 3_600_000), score(0)
+    assert then > years_later + 0.3

@@ -15,7 +15,7 @@ from sidecar.secrets import PLACEHOLDER_RE, contains_secret, redact
 from sidecar.textmodel import Turn
 
 EXTRACT_JOB = "extract_memories"
-WRITES = ("created", "merged", "superseded_older")  # MemoryService.write's outcomes that change the user's memories
+WRITES = ("created", "merged", "superseded_older", "superseded_by_newer")  # MemoryService.write's outcomes that change the user's memories
 REDACTION_MARK = "[REDACTED:"
 _TYPES = {"preference": MemoryType.PREFERENCE, "episode": MemoryType.EPISODE, "habit": MemoryType.HABIT,
           "semantic": MemoryType.SEMANTIC}
@@ -125,7 +125,9 @@ class ExtractionPipeline:
                                    source_texts={t.message_id: t.text for t in turns})
         for _, reason in result.rejected:
             counts[f"rejected_{reason}"] += 1
-        return [to_input(c) for c in result.accepted], counts
+        said = {t.message_id: t.timestamp_ms for t in turns}
+        return [to_input(c, max((said.get(i, 0) for i in c.source_message_ids), default=0))
+                for c in result.accepted], counts
 
 
 def _by_user(jobs: Sequence[Job]) -> dict[Scope, list[Job]]:
@@ -149,7 +151,8 @@ def _holds_secret_mark(text: str) -> bool:
     return REDACTION_MARK in text or PLACEHOLDER_RE.search(text) is not None
 
 
-def to_input(cand: MemoryCandidate) -> MemoryInput:
+def to_input(cand: MemoryCandidate, said_at_ms: int = 0) -> MemoryInput:
+    """A candidate as a memory input, said at its newest source turn's time (0: unknown, now)."""
     return MemoryInput(type=_TYPES[cand.type], content=cand.content, subject=cand.subject,
                        source_message_ids=list(cand.source_message_ids), confidence=float(cand.confidence),
-                       authority=_AUTHORITIES[cand.authority])
+                       authority=_AUTHORITIES[cand.authority], said_at_ms=said_at_ms)

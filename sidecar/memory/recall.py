@@ -95,6 +95,14 @@ class UserMemories:
         self.turn_marks = None
         self.generation = next(_GENERATIONS)
 
+    def mark_superseded(self, successor: str, memory_id: str) -> None:
+        """`memory_id` is no longer active: `successor` replaced it."""
+        replaced = self.superseded.setdefault(successor, [])
+        if memory_id not in replaced:
+            replaced.append(memory_id)
+        self.turn_marks = None
+        self.generation = next(_GENERATIONS)
+
     def top_preferences(self, n: int) -> list[Memory]:
         """The n strongest, newest preferences, kept sorted on write (not scanned per call)."""
         if self._prefs is None:

@@ -39,11 +39,15 @@ class MemoryInput:
     authority: Authority = Authority.USER_STATED
     expires_at_ms: int = 0
     embedding: np.ndarray | None = None
+    # When it was said (its newest source turn's time; an imported history's turns are dated in the
+    # past); 0: now. A statement said before the memory it would replace is kept as that memory's
+    # history instead of superseding it.
+    said_at_ms: int = 0
 
 
 @dataclass(slots=True)
 class WriteResult:
-    outcome: str  # "created" | "merged" | "superseded_older" | "rejected"
+    outcome: str  # "created" | "merged" | "superseded_older" | "superseded_by_newer" | "rejected"
     memory: Memory | None
     superseded_id: str = ""
     reason: str = ""
@@ -194,8 +198,10 @@ class MemoryService:
     def _decide(self, state: UserMemories, pending: _Pending, inp: MemoryInput, vector: np.ndarray,
                 at: int) -> WriteResult:
         """One candidate's write, added to `pending`: merged into a near duplicate, or created, superseding
-        the active memories of its type and subject."""
+        the active memories of its type and subject; or, said before one of them (an imported history),
+        stored as already superseded by the newest."""
         subject = memory_subject(inp)
+        said = min(inp.said_at_ms, at) if inp.said_at_ms > 0 else at
         with self._lock:
             twin = self._near_duplicate(state, pending, inp, vector, at)
             twin_blob = pending.blob(twin.memory_id) or self._blob(state, twin.memory_id) if twin is not None else b""
@@ -205,7 +211,7 @@ class MemoryService:
             merged = replace(
                 twin, source_message_ids=sorted(set(twin.source_message_ids) | set(inp.source_message_ids)),
                 confidence=min(1.0, max(twin.confidence, inp.confidence) + 0.05),
-                authority=min(twin.authority, inp.authority), updated_at_ms=at,
+                authority=min(twin.authority, inp.authority), updated_at_ms=max(twin.updated_at_ms, said),
                 expires_at_ms=max(twin.expires_at_ms, inp.expires_at_ms) if twin.expires_at_ms else 0)
             pending.put(merged, twin_blob, MemoryChange(merged, "merge", "near duplicate of a new statement", at))
             pending.ops.append(lambda st: st.refresh(merged))
@@ -215,26 +221,38 @@ class MemoryService:
             return WriteResult("rejected", None, reason="outranked_by_user_stated")
         memory = Memory(memory_id=new_id("mem"), type=inp.type, content=inp.content, subject=subject,
                         source_message_ids=sorted(set(inp.source_message_ids)), confidence=inp.confidence,
-                        authority=inp.authority, created_at_ms=at, updated_at_ms=at,
+                        authority=inp.authority, created_at_ms=said, updated_at_ms=said,
                         expires_at_ms=inp.expires_at_ms,
                         tokens=tokens.count_line(render_memory(inp.content)))
-        pending.put(memory, vector.astype(np.float32).tobytes(), MemoryChange(memory, "create", "", at), vector)
-        for o, blob in zip(older, older_blobs, strict=True):
+        blob = vector.astype(np.float32).tobytes()
+        newer = [o for o in older if o.updated_at_ms > said]  # said (or said again, or edited) since
+        if newer:
+            return self._said_before(pending, memory, blob, max(newer, key=lambda o: (o.updated_at_ms, o.memory_id)), at)
+        pending.put(memory, blob, MemoryChange(memory, "create", "", at), vector)
+        for o, old_blob in zip(older, older_blobs, strict=True):
             old = replace(o, status=MemoryStatus.SUPERSEDED, superseded_by=memory.memory_id, updated_at_ms=at)
-            pending.put(old, blob, MemoryChange(old, "supersede", f"replaced by {memory.memory_id} on {subject!r}", at))
+            pending.put(old, old_blob, MemoryChange(old, "supersede", f"replaced by {memory.memory_id} on {subject!r}", at))
 
         def supersede(st: UserMemories) -> None:
-            replaced = st.superseded.setdefault(memory.memory_id, [])
             for o in older:
                 st.remove(o.memory_id)
-                if o.memory_id not in replaced:
-                    replaced.append(o.memory_id)
+                st.mark_superseded(memory.memory_id, o.memory_id)
             st.add(memory, vector)
 
         pending.ops.append(supersede)
         if older:
             return WriteResult("superseded_older", memory, superseded_id=older[0].memory_id)
         return WriteResult("created", memory)
+
+    @staticmethod
+    def _said_before(pending: _Pending, memory: Memory, blob: bytes, current: Memory, at: int) -> WriteResult:
+        """A statement said before the active memory `current` of its subject (a history imported after
+        the user said something newer): stored as current's history, superseded by it on arrival."""
+        pending.put(memory, blob, MemoryChange(memory, "create", "", at))
+        old = replace(memory, status=MemoryStatus.SUPERSEDED, superseded_by=current.memory_id, updated_at_ms=at)
+        pending.put(old, blob, MemoryChange(old, "supersede", f"said before {current.memory_id} on {memory.subject!r}", at))
+        pending.ops.append(lambda st: st.mark_superseded(current.memory_id, memory.memory_id))
+        return WriteResult("superseded_by_newer", old, superseded_id=current.memory_id)
 
     # A write holds its user's writer lock, not self._lock, across the database call: a commit (an
     # fsync) must not stall BuildContext and searches of other users. Writers of one user are

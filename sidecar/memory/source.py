@@ -96,7 +96,9 @@ class MemorySource:
                                                         2 * len(keys)).reshape(len(keys), 2).T
         batch.term_ids, batch.bodies = list(term_arrays), bodies
         batch.relevance = [score for _, score in picked.values()]
-        batch.age_s = [max(now - t, 0) / 1000.0 for t in updated]
+        # Counted to the time of asking: a replayed history's memories are as old as they were then.
+        asked = inp.asked_at_ms or now
+        batch.age_s = [max(asked - t, 0) / 1000.0 for t in updated]
         batch.vectors = vectors  # the rows as indexed; only the knowledge resolver reads a few of them
         batch.meta = metas.__getitem__
         if not inp.counter.stored:  # another tokenizer: counted (once per text) in it; the builder makes the bytes
