@@ -5,6 +5,8 @@ sessions' dates whatever their order in the call."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import grpc
 import numpy as np
 import pytest
@@ -434,6 +436,19 @@ def test_a_history_imported_after_a_newer_statement_is_its_history(stub, scope):
     assert packed == [f"memory:{current.memory_id}"]
     superseded = {d.source for d in resp.dropped if d.reason == pb.DROP_REASON_SUPERSEDED}
     assert superseded == {f"memory:{everything[c].memory_id}" for c in everything if c != current.content}
+
+
+def test_a_recalled_turn_of_an_imported_history_says_when_it_was_superseded(stub, scope):
+    """The mark on a superseded statement's turn names the day its successor was said, not the day
+    the history was imported."""
+    past = [_past(0, ["Our production database is MySQL 8."]), _past(9, ["Our production database is Oracle now."])]
+    _import(stub, scope, past)
+    _wait(stub, scope)
+    asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+    resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking, query="MySQL 8 production database"))
+    [marked] = [it.text for s in resp.sections for it in s.items if "MySQL 8" in it.text and it.source.startswith("message:")]
+    said = dt.datetime.fromtimestamp(past[1].messages[0].client_timestamp_ms / 1000, dt.UTC)
+    assert marked.startswith(f"[superseded on {said.day} {said.strftime('%B')} {said.year} by: Our production database is Oracle now.]")
 
 
 def test_an_imported_history_keeps_its_newest_statement_whatever_the_sessions_order(stub, scope):

@@ -272,3 +272,42 @@ def test_a_turn_deleted_while_its_job_waits_to_commit_leaves_no_memory(tmp_path,
             assert sum(int(r.get("rejected_source_deleted", 0)) for r in results) >= 1
     finally:
         app.close()
+
+
+def test_statements_are_ordered_by_when_they_were_said_not_by_when_they_are_written(tmp_path):
+    """Said newest first, in one batch or one write after another: the newest said stays active, the
+    older ones are its history (said before it, superseded on arrival), merges keep the newest time."""
+    day = 86_400_000
+    said = [MemoryInput(S, "The ledger database is PostgreSQL 16", subject="ledger database",
+                        source_message_ids=["n0"], said_at_ms=1_700_000_000_000 + 9 * day),
+            MemoryInput(S, "The ledger database is MySQL 8", subject="ledger database",
+                        source_message_ids=["n1"], said_at_ms=1_700_000_000_000 + 3 * day),
+            MemoryInput(S, "The ledger database is Oracle", subject="ledger database",
+                        source_message_ids=["n2"], said_at_ms=1_700_000_000_000 + 1 * day),
+            MemoryInput(S, "The ledger database is PostgreSQL 16", subject="ledger database",
+                        source_message_ids=["n3"], said_at_ms=1_700_000_000_000 + 2 * day)]
+    one_by_one, batched = _app(tmp_path, "one"), _app(tmp_path, "batched")
+    try:
+        singly = [one_by_one.memories.write(SCOPE, inp) for inp in said]
+        together = batched.memories.write_many(SCOPE, said)
+        assert _outcomes(together) == _outcomes(singly)
+        assert [o for o, _, _ in _outcomes(together)] == ["created", "superseded_by_newer", "superseded_by_newer",
+                                                          "merged"]
+        assert _stored(batched) == _stored(one_by_one)
+        rows = {m.content: m for m, _ in batched.store.memories_with_embeddings(SCOPE)}
+        current = rows["The ledger database is PostgreSQL 16"]
+        assert current.status == MemoryStatus.ACTIVE and current.source_message_ids == ["n0", "n3"]
+        assert current.created_at_ms == current.updated_at_ms == said[0].said_at_ms  # the older telling merged
+        for content, inp in (("The ledger database is MySQL 8", said[1]), ("The ledger database is Oracle", said[2])):
+            old = rows[content]
+            assert (old.status, old.superseded_by, old.created_at_ms) == (
+                MemoryStatus.SUPERSEDED, current.memory_id, inp.said_at_ms)
+        for app in (batched, one_by_one):  # the state says who replaced whom, as the rows do
+            by_content = {m.content: m.memory_id for m, _ in app.store.memories_with_embeddings(SCOPE)}
+            assert sorted(app.memories.user(SCOPE).superseded[by_content[current.content]]) == sorted(
+                by_content[c] for c in ("The ledger database is MySQL 8", "The ledger database is Oracle"))
+        batched.memories.invalidate(SCOPE)
+        assert _state(batched) == _state(one_by_one)
+    finally:
+        one_by_one.close()
+        batched.close()

@@ -25,7 +25,7 @@ AUTHORITY_BONUS = {Authority.USER_STATED: 0.05, Authority.TOOL_VERIFIED: 0.03, A
 
 @dataclass(frozen=True, slots=True)
 class SupersededTurn:
-    """A turn a superseded memory was learnt from: when it was superseded and by what."""
+    """A turn a superseded memory was learnt from: when it was superseded (its successor was said) and by what."""
 
     at_ms: int
     by: str  # the current memory's content

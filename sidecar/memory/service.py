@@ -79,7 +79,8 @@ def _turn_marks(memories: Sequence[Memory]) -> dict[str, SupersededTurn]:
             current, hops = rows.get(current.superseded_by), hops + 1
         if m.status != MemoryStatus.SUPERSEDED or current is None or current.status != MemoryStatus.ACTIVE:
             continue
-        mark = SupersededTurn(m.updated_at_ms, current.content, frozenset(current.source_message_ids))
+        # Dated when its successor was said: an imported history's statements were superseded then.
+        mark = SupersededTurn(rows[m.superseded_by].created_at_ms, current.content, frozenset(current.source_message_ids))
         marks.update((mid, mark) for mid in m.source_message_ids if mid not in mark.current_sources)
     return marks
 
