@@ -311,3 +311,21 @@ def test_statements_are_ordered_by_when_they_were_said_not_by_when_they_are_writ
     finally:
         one_by_one.close()
         batched.close()
+
+
+def test_a_statement_without_a_said_time_supersedes_whatever_another_clock_wrote(tmp_path, monkeypatch):
+    """AddMemory (no said time) is said now: a memory a replica whose clock runs ahead wrote is still
+    superseded by it, never kept above it."""
+    import sidecar.memory.service as service
+
+    app = Sidecar(str(tmp_path / "skew.duckdb"))
+    try:
+        real = service.now_ms
+        monkeypatch.setattr(service, "now_ms", lambda: real() + 3_600_000)  # the other replica's clock
+        ahead = app.memories.write(SCOPE, MemoryInput(S, "The ledger database is MySQL 8", subject="ledger database"))
+        monkeypatch.setattr(service, "now_ms", real)
+        added = app.memories.write(SCOPE, MemoryInput(S, "The ledger database is PostgreSQL 16", subject="ledger database"))
+        assert (added.outcome, added.superseded_id) == ("superseded_older", ahead.memory.memory_id)
+        assert [m.content for m in app.memories.user(SCOPE).active.values()] == ["The ledger database is PostgreSQL 16"]
+    finally:
+        app.close()

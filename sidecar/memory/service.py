@@ -226,7 +226,9 @@ class MemoryService:
                         expires_at_ms=inp.expires_at_ms,
                         tokens=tokens.count_line(render_memory(inp.content)))
         blob = vector.astype(np.float32).tobytes()
-        newer = [o for o in older if o.updated_at_ms > said]  # said (or said again, or edited) since
+        # Said (or said again, or edited) since: only a statement dated by its turns can be older than
+        # what is stored (an AddMemory is said now, whatever another replica's clock wrote).
+        newer = [o for o in older if o.updated_at_ms > said] if inp.said_at_ms > 0 else []
         if newer:
             return self._said_before(pending, memory, blob, max(newer, key=lambda o: (o.updated_at_ms, o.memory_id)), at)
         pending.put(memory, blob, MemoryChange(memory, "create", "", at), vector)
