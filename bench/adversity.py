@@ -4,8 +4,8 @@ python bench/adversity.py [--quick] [--crash-cycles N] [--fuzz-requests N] [--is
                           [--soak-seconds S] [--soak-rate R] [--postgres] [--canary-secrets N]
                           [--soak-serve-args ARGS] [--only crash fuzz isolation forget soak canaries]
 
---quick (under two minutes): 3 crash cycles, 3,000 fuzzed requests, 1,500 isolation queries, a 15 s
-soak. Default: 20 cycles, 100,000 requests, 10,000 queries, a 2-minute soak. The last line printed
+--quick (under a minute): 1 crash cycle, 300 fuzzed requests, 300 isolation queries, 100 canary
+secrets and 20 deletions, a 6 s soak. Default: 20 cycles, 100,000 requests, 10,000 queries, a 2-minute soak. The last line printed
 is one JSON object.
 """
 
@@ -165,7 +165,7 @@ PARTS = ("crash", "fuzz", "isolation", "forget", "soak", "canaries")
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="small numbers, under two minutes")
+    p.add_argument("--quick", action="store_true", help="small numbers, under a minute")
     p.add_argument("--crash-cycles", type=int)
     p.add_argument("--fuzz-requests", type=int)
     p.add_argument("--isolation-queries", type=int)
@@ -185,13 +185,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="adversity-") as d:
         tmp = Path(d)
         runs = {
-            "crash": lambda: crash_part(tmp, a.crash_cycles or (3 if a.quick else 20)),
-            "fuzz": lambda: fuzz_part(tmp, a.fuzz_requests or (3000 if a.quick else 100_000), a.quick),
-            "isolation": lambda: isolation_part(tmp, a.isolation_queries or (1500 if a.quick else 10_000), a.postgres),
+            "crash": lambda: crash_part(tmp, a.crash_cycles or (1 if a.quick else 20)),
+            "fuzz": lambda: fuzz_part(tmp, a.fuzz_requests or (300 if a.quick else 100_000), a.quick),
+            "isolation": lambda: isolation_part(tmp, a.isolation_queries or (300 if a.quick else 10_000), a.postgres),
             "forget": lambda: forget_part(tmp),
-            "canaries": lambda: canaries_part(tmp, a.canary_secrets or (300 if a.quick else 1000),
-                                              40 if a.quick else 200, a.postgres),
-            "soak": lambda: soak_part(tmp, a.soak_seconds or (15.0 if a.quick else 120.0), a.soak_rate,
+            "canaries": lambda: canaries_part(tmp, a.canary_secrets or (100 if a.quick else 1000),
+                                              20 if a.quick else 200, a.postgres),
+            "soak": lambda: soak_part(tmp, a.soak_seconds or (6.0 if a.quick else 120.0), a.soak_rate,
                                     shlex.split(a.soak_serve_args)),
         }
         for part in PARTS:
