@@ -46,7 +46,11 @@ def extract_one(text: str, role: str = "user") -> list[MemoryCandidate]:
         ("I like the idea of painting vintage items.", "semantic", "interest:like_idea_painting_vintage_items"),
         ("I really like those ideas, especially the planner.", "semantic", "interest:really_like_those_ideas_especially_planner"),
         ("I like the wine and cheese gift basket idea.", "semantic", "interest:like_wine_cheese_gift_basket_idea"),
-        ("I like the mountains and the idea of living there.", "preference", None),
+        # A definite "the" points at something of the conversation: a reaction, not a standing taste.
+        ("I like the mountains and the idea of living there.", "semantic", None),
+        ("I like the clean lines and the fact that it has ball-bearing glides.", "semantic", None),
+        ("I really like the Garden Party theme, it sounds so elegant.", "semantic", None),
+        ("I like hiking in the mountains.", "preference", None),
         ("I like the plan.", "semantic", None),
         ("I like the sample workout routine you provided, but slower.", "semantic", None),
         ("I like how you mentioned the print I won.", "semantic", None),

@@ -46,16 +46,13 @@ class Extractor(Protocol):
 
 # --------------------------------------------------------------------------- rules
 
-# "I like" / "I'd like" state a preference, but not as a reaction to what was just said ("I like the idea
-# of...", "I like those", "I like the plan", "I like how you put it", "I like the example you gave") or as
-# a want of this conversation ("I'd like to know...", "I'd like you to help...", "I'd like a durable
-# pump", "I'd like that!"): those say what the user is about now (_INTEREST_RE), kept as facts that
-# compete only by relevance, not as preferences that compete on every call.
-# What an assistant hands over, that a user reacts to with "I like the ...".
-_OFFERED = (r"ideas?|suggestions?|options?|sound|look|plan|template|examples?|format|outline|draft|list|recipe|routine|"
-            r"schedule|itinerary|layout|structure|approach|tips|recommendations?|design|fact")
-_REACTION = (r"\s+(?:the\s+(?:(?:(?!the\b)[\w'-]+\s+){0,5}?(?:" + _OFFERED + r")|first|second|third|last|"
-             r"(?:(?!the\b)[\w'-]+\s+){1,5}?you(?:'ve)?)|that|this|these|those|your|both|it|how|what\s+you|"
+# "I like" / "I'd like" state a preference, but not as a reaction to what was just said or shown ("I like
+# the idea of...", "I like the clean lines", "I like the Garden Party theme", "I like those", "I like how
+# you put it": a definite "the" points at something in the conversation) or as a want of this
+# conversation ("I'd like to know...", "I'd like you to help...", "I'd like a durable pump", "I'd like
+# that!"): those say what the user is about now (_INTEREST_RE), kept as facts that compete only by
+# relevance, not as preferences that compete on every call.
+_REACTION = (r"\s+(?:the|that|this|these|those|your|both|it|how|what\s+you|"
              r"(?:some|most|all|one|many|each)\s+of)\b")
 _REQUEST = r"\s+(?:(?:(?:you|it|them|him|her|us|someone|somebody)\s+)?to|that|this|it|those|these|some|an?|more)\b"
 _INTEREST_RE = re.compile(r"\bi\s+(?:really\s+)?like" + _REACTION + r"|\bi'?d\s+like" + _REQUEST, re.I)
