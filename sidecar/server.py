@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import gc
 import hmac
 import itertools
@@ -273,6 +274,7 @@ def build_server(app: Sidecar, *, listen: str | None, uds: str | None, auth_toke
 
 
 WARM_UP_WAIT_S = 15.0  # the most `serve` waits for the start-up work before it takes calls
+STOP_REPORT_S = 20.0  # a stop still running after this long prints its threads' stacks (Kubernetes kills at 30 s)
 
 
 def _settle_garbage_collector() -> None:
@@ -301,16 +303,17 @@ def serve(db_path: str, *, listen: str | None, uds: str | None, auth_token: str 
             "episodic_turns": app.episodic.indexed_total, "cached_messages": lambda: app.store.cached_view_messages})
         metrics.serve_metrics(metrics_port, metrics_host)
         log.info("Prometheus metrics on %s port %d", metrics_host, metrics_port)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before the ready line: a SIGTERM right after it stops cleanly
+        signal.signal(sig, lambda *_: stop.set())
     server.start()
     where = f"unix:{uds}" if uds else f"{(listen or '127.0.0.1:50051').rsplit(':', 1)[0]}:{port}"
     # The line test harnesses wait for; keep its shape.
     print(f"context-sidecar serving on {where} db={db_path}", flush=True)
-
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    # Each stage timed, so a slow stop (an orchestrator kills after its grace period) says what took long.
+    # Each stage timed, so a slow stop (an orchestrator kills after its grace period) says what took long;
+    # one that runs past STOP_REPORT_S prints every thread's stack to stderr first.
+    faulthandler.dump_traceback_later(STOP_REPORT_S, exit=False)
     took = [time.monotonic()]
     server.stop(grace=5).wait()  # in-flight calls finish; new ones are refused
     took.append(time.monotonic())
@@ -319,6 +322,7 @@ def serve(db_path: str, *, listen: str | None, uds: str | None, auth_token: str 
     if tracing is not None:
         tracing.shutdown()  # the spans still buffered go out
     took.append(time.monotonic())
+    faulthandler.cancel_dump_traceback_later()
     log.info("stopped cleanly in %.2f s (calls %.2f s, state %.2f s, spans %.2f s)", took[-1] - took[0],
              *(b - a for a, b in itertools.pairwise(took)))
     return 0

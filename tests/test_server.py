@@ -1,6 +1,8 @@
 """The server process: health, reflection, auth, graceful SIGTERM, unimplemented RPCs."""
 
 import signal
+import subprocess
+import sys
 import time
 
 import grpc
@@ -43,6 +45,34 @@ def test_every_rpc_of_the_contract_is_implemented():
     assert len(rpcs) > 40
     missing = [name for name in rpcs if name not in ContextServicer.__dict__]
     assert not missing, f"RPCs still answering UNIMPLEMENTED: {missing}"
+
+
+def test_a_slow_stop_prints_where_each_thread_is(tmp_path):
+    """A stop that runs past STOP_REPORT_S prints every thread's stack (faulthandler) before it ends, so
+    an orchestrator's log says what held it; it still exits 0 once done."""
+    script = f"""
+import time
+import sidecar.server as server
+from sidecar.app import Sidecar
+server.STOP_REPORT_S = 0.5
+class SlowToClose(Sidecar):
+    def close(self):
+        time.sleep(2.0)
+        super().close()
+raise SystemExit(server.serve({str(tmp_path / "slow.duckdb")!r}, listen="127.0.0.1:0", uds=None, auth_token=None,
+                              app_factory=SlowToClose))
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "serving on" not in proc.stdout.readline():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "(most recent call first)" in err and "in close" in err, err
 
 
 def test_sigterm_exits_zero_and_data_survives_restart(spawn):
