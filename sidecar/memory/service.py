@@ -207,7 +207,10 @@ class MemoryService:
             twin = self._near_duplicate(state, pending, inp, vector, at)
             twin_blob = pending.blob(twin.memory_id) or self._blob(state, twin.memory_id) if twin is not None else b""
             older = pending.same_subject(state, inp.type, subject) if subject and twin is None else []
-            older_blobs = [pending.blob(o.memory_id) or self._blob(state, o.memory_id) for o in older]
+            # Said (or said again, or edited) since: only a statement dated by its turns can be older than
+            # what is stored (an AddMemory is said now, whatever another replica's clock wrote).
+            newer = [o for o in older if o.updated_at_ms > said] if inp.said_at_ms > 0 else []
+            older_blobs = [] if newer else [pending.blob(o.memory_id) or self._blob(state, o.memory_id) for o in older]
         if twin is not None:
             merged = replace(
                 twin, source_message_ids=sorted(set(twin.source_message_ids) | set(inp.source_message_ids)),
@@ -226,9 +229,6 @@ class MemoryService:
                         expires_at_ms=inp.expires_at_ms,
                         tokens=tokens.count_line(render_memory(inp.content)))
         blob = vector.astype(np.float32).tobytes()
-        # Said (or said again, or edited) since: only a statement dated by its turns can be older than
-        # what is stored (an AddMemory is said now, whatever another replica's clock wrote).
-        newer = [o for o in older if o.updated_at_ms > said] if inp.said_at_ms > 0 else []
         if newer:
             return self._said_before(pending, memory, blob, max(newer, key=lambda o: (o.updated_at_ms, o.memory_id)), at)
         pending.put(memory, blob, MemoryChange(memory, "create", "", at), vector)
