@@ -18,6 +18,7 @@ from sidecar.memory.episodic.snapshots import unpack
 from sidecar.services import limits
 from tests.grpc_assert import expect_status
 from tests.test_bulk_ingest import QUESTIONS, SESSIONS, _FailingInsert, _messages, _replay, _stored
+from tests.test_memory import _memories as listed_memories
 
 
 def _past(day: int, turns: list[str], **kw) -> pb.ImportedSession:
@@ -401,8 +402,8 @@ def test_sessions_of_one_millisecond_are_indexed_in_the_databases_order(fresh_se
 
 
 def _memories(stub, scope: pb.Scope, inactive: bool = False) -> dict[str, pb.Memory]:
-    listed = stub.ListMemories(pb.ListMemoriesRequest(scope=scope, include_inactive=inactive, page_size=500))
-    return {m.content: m for m in listed.memories}
+    """tests/test_memory.py's listing, by content."""
+    return {m.content: m for m in listed_memories(stub, scope, inactive)}
 
 
 def test_a_history_imported_after_a_newer_statement_is_its_history(stub, scope):
