@@ -41,7 +41,14 @@ from sidecar.api import context_service_pb2 as pb
 from sidecar.assembly.builder import SOFT_HEADER_RESERVE
 from sidecar.domain import Role
 from sidecar.index.embedders import NEEDS, model_installed, needs_extra
-from sidecar.memory.episodic import DEFAULT_RANKING, MODEL_RANKING, date_label, day_number, render_turn
+from sidecar.memory.episodic import (
+    DEFAULT_RANKING,
+    MODEL_RANKING,
+    asks_before,
+    date_label,
+    day_number,
+    render_turn,
+)
 from sidecar.text import STOPWORDS
 from sidecar.tokens import count_line, count_lines, count_tokens
 
@@ -543,20 +550,31 @@ class Board:
 
     def __init__(self) -> None:
         self.tallies: dict[tuple[str, str, str], Tally] = defaultdict(Tally)
-        # Knowledge updates, per budget: questions whose newest evidence turn scored above every older
-        # one in the context, and questions with the newest and an older evidence turn both in it.
+        # Knowledge updates about the current value, per budget: questions whose newest evidence turn
+        # scored above every older one in the context, and questions with the newest and an older
+        # evidence turn both in it.
         self.newer_first: dict[int, int] = defaultdict(int)
         self.update_pairs: dict[int, int] = defaultdict(int)
+        # ... and of those asking for an earlier value or the change: how many, and with both in it.
+        self.change_questions: dict[int, int] = defaultdict(int)
+        self.change_both: dict[int, int] = defaultdict(int)
         # Ours at the turn level, per budget: (conversation, share of the question's evidence) per question.
         self.ours: dict[int, list[tuple[int, float]]] = defaultdict(list)
 
     def add_update_order(self, q: Question, budget: int, scores: dict[str, float]) -> None:
-        """For a knowledge-update question (a value the user stated again later, changed), whether the
-        context scores the newest statement above the older ones (scores: evidence turn -> the best
-        score of an item holding it)."""
+        """For a knowledge-update question (a value the user stated again later, changed) about the
+        current value, whether the context scores the newest statement above the older ones (scores:
+        evidence turn -> the best score of an item holding it); for one asking for an earlier value or
+        the change (asks_before), whether the newest and an older statement are both in it."""
         if q.category != UPDATE_CATEGORY:
             return
-        present = sorted((turn_position(e), e) for e in q.evidence if e in scores)
+        told = sorted((turn_position(e), e) for e in q.evidence)
+        if asks_before(q.text):
+            if len(told) >= 2:
+                self.change_questions[budget] += 1
+                self.change_both[budget] += told[-1][1] in scores and any(e in scores for _, e in told[:-1])
+            return
+        present = [(p, e) for p, e in told if e in scores]
         if len(present) < 2:
             return
         newest = present[-1][1]
@@ -600,6 +618,10 @@ class Board:
             out["update_newer_first"] = {str(b): round(self.newer_first[b] / max(self.update_pairs[b], 1), 4)
                                          for b in budgets}
             out["update_pairs"] = {str(b): self.update_pairs[b] for b in budgets}
+        if self.change_questions:
+            out["update_change_both"] = {str(b): round(self.change_both[b] / max(self.change_questions[b], 1), 4)
+                                         for b in budgets}
+            out["update_change_questions"] = {str(b): self.change_questions[b] for b in budgets}
         halves = {h: self.tallies["ours", "turn", f"half:{h}"].figures(budgets)[0] for h in self.groups("half:")}
         if halves:
             out["halves"] = halves
@@ -1025,10 +1047,16 @@ def longmemeval_table(figures: dict, profile: str, budgets: Sequence[int]) -> li
                 if not t and method == "ours" and level == "turn" and "recall_ci95" in figures:
                     lines.append(_interval_row(["", "ours: 95 % interval"], figures, budgets))
     if "update_newer_first" in figures:
-        lines += ["", "Knowledge updates: of the knowledge-update questions with their newest evidence turn and an older "
-                      "one both in the context, the share where the newest scored above every older one: "
+        lines += ["", "Knowledge updates: of the knowledge-update questions about the current value with their newest "
+                      "evidence turn and an older one both in the context, the share where the newest scored above "
+                      "every older one: "
                   + ", ".join(f"{int(b) // 1000}k {100 * v:.1f} % of {figures['update_pairs'][b]}"
                               for b, v in _by_budget(figures["update_newer_first"])) + "."]
+    if "update_change_both" in figures:
+        lines += ["Of those asking for an earlier value or the change (\"my previous goal\", \"before the air fryer\"), "
+                  "the share with the newest and an older telling both in the context: "
+                  + ", ".join(f"{int(b) // 1000}k {100 * v:.1f} % of {figures['update_change_questions'][b]}"
+                              for b, v in _by_budget(figures["update_change_both"])) + "."]
     return lines
 
 

@@ -963,8 +963,33 @@ def test_the_newest_of_three_tellings_scores_first():
     assert lifted[2] > lifted[0] > lifted[1] and lifted[1] == pytest.approx(0.9)  # rows 4 (newest), 2, 0
 
 
+def test_a_question_asking_for_the_value_now_needs_no_now_in_the_newer_telling():
+    from sidecar.memory.episodic import DEFAULT_RANKING
+
+    state = _told([("Ann", "Any tips on weathering effects for my current project, a Mustang model?"),
+                   ("Ann", "I wrapped that one up and switched to a pickup truck model.")])
+    q_terms = state.query_terms("What vehicle model am I currently working on?", DEFAULT_RANKING)[0]
+    assert "current" in q_terms  # the older telling is matched on it, the newer is not
+    rows, scores = np.array([0, 2]), np.array([1.0, 0.65])
+    lifted = state.newer_first(q_terms, rows, scores, DEFAULT_RANKING)
+    assert lifted[1] > lifted[0] == pytest.approx(1.0)
+
+
+def test_a_question_asking_for_an_earlier_value_is_told_apart():
+    from sidecar.memory.episodic import asks_before
+
+    for q in ("What was my previous goal for my Apex Legends level?", "What did I buy before the air fryer?",
+              "How often did I play tennis previously? How often now?", "Where did I use to live?",
+              "What was my level at first?", "What did I originally plan?"):
+        assert asks_before(q), q
+    for q in ("Where do I live?", "What model am I currently working on?", "How many titles are on my list?",
+              "What was the beforehand plan?", "What have I used to edit my videos?"):
+        assert not asks_before(q), q
+
+
 def test_a_newer_telling_scores_first_in_the_built_context(running, user):
-    """Over gRPC: both tellings are packed, the newer one with the higher score."""
+    """Over gRPC: both tellings are packed, the newer one with the higher score; a question asking
+    where the user lived before keeps the order of relevance (the older, shorter match first)."""
     ids = []
     for k, text in enumerate(["I live in Boston.",  # the shorter: the better lexical match
                               "Since the move last month I live in Denver, in a flat near a park with my two cats."]):
@@ -978,6 +1003,10 @@ def test_a_newer_telling_scores_first_in_the_built_context(running, user):
     items = {it.source: it.score for it in build(running.stub, user, new_sid, "Where do I live?")}
     boston, denver = items[f"message:{ids[0]}"], items[f"message:{ids[1]}"]
     assert denver > boston
+    other_sid = running.stub.CreateSession(pb.CreateSessionRequest(scope=user)).session_id  # no kept recall block
+    items = {it.source: it.score for it in build(running.stub, user, other_sid, "Where did I live previously?")}
+    boston, denver = items[f"message:{ids[0]}"], items[f"message:{ids[1]}"]
+    assert boston > denver
 
 
 def test_a_long_turn_is_packed_as_its_best_passage_under_a_small_budget(running, user):

@@ -195,6 +195,18 @@ def test_knowledge_updates_count_the_newest_telling_scored_first():
     assert out["update_newer_first"] == {"1000": 0.0, "2000": 0.0, "4000": 1.0}
     assert out["update_pairs"] == {"1000": 0, "2000": 1, "4000": 1}
     assert recall.turn_position("S12:1") > recall.turn_position("S9:3") > recall.turn_position("S2:1")
+    assert "update_change_both" not in out
+
+
+def test_knowledge_updates_asking_for_an_earlier_value_count_both_tellings_in_the_context():
+    board = recall.Board()
+    before = recall.Question("What was my previous goal?", recall.UPDATE_CATEGORY, ["S2:1", "S9:3"])
+    board.add_update_order(before, 4000, {"S2:1": 0.9, "S9:3": 0.5})  # the older first: as it asks
+    board.add_update_order(before, 2000, {"S9:3": 0.9})  # the newest alone: the earlier value is missing
+    out = board.summary((2000, 4000))
+    assert out["update_change_both"] == {"2000": 0.0, "4000": 1.0}
+    assert out["update_change_questions"] == {"2000": 1, "4000": 1}
+    assert "update_newer_first" not in out  # no question about the current value
 
 
 def test_evidence_packed_as_a_passage_is_told_from_evidence_packed_whole():

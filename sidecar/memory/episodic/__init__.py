@@ -59,12 +59,13 @@ from sidecar.memory.episodic.snapshots import (
 )
 from sidecar.memory.episodic.source import MAX_TOTAL_TURNS, MAX_TURNS_PER_USER, MAX_USERS, EpisodicSource
 from sidecar.memory.episodic.terms import QUESTION_WORDS, names_pattern, stem, terms
+from sidecar.memory.episodic.updates import asks_before
 
 __all__ = [
     "CLEAN_MARK", "DEFAULT_RANKING", "INDEXED_ROLES", "MAX_SNAPSHOT_BYTES", "MAX_TOTAL_TURNS",
     "MAX_TURNS_PER_USER",
     "MAX_USERS", "MODEL_RANKING", "QUESTION_WORDS", "SAVE_AT_CLOSE_S", "SNAPSHOT_VERSION", "EpisodicSource",
-    "Ranking", "asks_for_kinds", "asks_when", "date_label", "day_number",
+    "Ranking", "asks_before", "asks_for_kinds", "asks_when", "date_label", "day_number",
     "names_pattern", "precompute_similar", "query_dates", "query_days", "render_turn", "similar_rows",
     "snapshot_dir", "stem", "table_stems", "terms",
 ]

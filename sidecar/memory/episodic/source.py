@@ -49,6 +49,7 @@ from sidecar.memory.episodic.snapshots import (
     write_mark,
 )
 from sidecar.memory.episodic.terms import _WORD_RE, names_pattern, terms
+from sidecar.memory.episodic.updates import asks_before
 from sidecar.memory.recall import SupersededTurn
 from sidecar.store.records import SessionImport
 from sidecar.tokens import count_line
@@ -583,9 +584,9 @@ class EpisodicSource:
         headers: list[ItemMeta] = self._day_headers(state, batch, rows) if not state.dated else []
         batch.priority = np.zeros(len(batch.texts))
         batch.meta = partial(_turn_meta, state, row_list, headers, batch.order)
-        # A question naming a day, or a time relative to its asking, asks about then: the newest
-        # telling of a thing is not the one it wants first.
-        if self.ranking.update_min > 0 and not (dates.spans or query_days(inp.query)):
+        # A question naming a day, or a time relative to its asking, asks about then, and one asking
+        # for an earlier value about before: the newest telling of a thing is not the one it wants first.
+        if self.ranking.update_min > 0 and not (dates.spans or query_days(inp.query) or asks_before(inp.query)):
             batch.rescore = partial(_newer_first, state, inp.query, rows, len(headers), self.ranking, self._lock)
         if not inp.counter.stored:  # another tokenizer: every item (turn, marked turn, day) is a line counted in it
             batch.tokens = np.array([inp.counter.line(t) for t in batch.texts], np.int32)
