@@ -570,42 +570,98 @@ cdef int64_t _sums_chunk(WordTable table, TextBuf* tb, const Py_ssize_t* off, Py
     return -1
 
 
-cdef inline bint _is_term_cjk(uint32_t c) noexcept nogil:
-    return (0x3040 <= c <= 0x30FF) or (0x3400 <= c <= 0x4DBF) or (0x4E00 <= c <= 0x9FFF) or (0xF900 <= c <= 0xFAFF)
+# The kind of each BMP code point (fastpath.reference.scripts.kinds), loaded at the first word_terms.
+cdef bytes _kinds_table = None
+cdef const unsigned char* _KINDS = NULL
+cdef enum:
+    _WORD = 1
+    _SINGLE = 2
+    _PAIR = 3
+
+
+cdef void _load_kinds() except *:
+    global _kinds_table, _KINDS
+    from fastpath.reference import scripts
+    table = scripts.kinds()
+    if len(table) != 0x10000:
+        raise ValueError("scripts.kinds() must hold one byte per BMP code point")
+    _kinds_table = table
+    _KINDS = _kinds_table
+
+
+cdef inline int _kind(uint32_t c) noexcept nogil:
+    """scripts.kind(c); ASCII tested without the table."""
+    if c < 128:
+        return _WORD if _is_az09(c) else 0
+    if c < 0x10000:
+        return _KINDS[c]
+    return _SINGLE if 0x20000 <= c <= 0x3FFFF else 0
+
+
+cdef inline bint _is_term_letter(uint32_t c) noexcept nogil:
+    """What may follow a word's "'": [a-z], or a WORD character above ASCII."""
+    return _is_az(c) if c < 128 else _kind(c) == _WORD
+
+
+cdef inline Py_ssize_t _term_word_end(const uint32_t* cps, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
+    """Where the word starting at cps[i] ends: its run of WORD characters, then a "'" and the
+    letters after it where a letter follows (scripts.term_word_re)."""
+    while i < n and _kind(cps[i]) == _WORD:
+        i += 1
+    if i + 1 < n and cps[i] == 39 and _is_term_letter(cps[i + 1]):  # 39: "'"
+        i += 2
+        while i < n and _is_term_letter(cps[i]):
+            i += 1
+    return i
+
+
+cdef int _add_term(const uint32_t* cps, Py_ssize_t s, Py_ssize_t e, dict cache, miss, list out) except -1:
+    """Append the truthy term of the word cps[s:e] (cache[word], made by miss(word) the first time)."""
+    word = PyUnicode_FromKindAndData(4, cps + s, e - s)  # 4: PyUnicode_4BYTE_KIND
+    term = cache.get(word)
+    if term is None:
+        term = miss(word)
+        if not isinstance(term, str):
+            raise TypeError(f"miss({word!r}) must return a str, got {type(term).__name__}")
+        cache[word] = term
+    if term:
+        out.append(term)
+    return 0
 
 
 def word_terms(text, dict cache not None, miss):
     """The truthy cache[w] of each word w of the lowercased text, in order; a word not in the cache is
-    put there as miss(w) first (a str)."""
+    put there as miss(w) first (a str). Words as fastpath.reference.scripts defines them."""
     if not isinstance(text, str):
         raise TypeError(f"text must be str, got {type(text).__name__}")
+    if _KINDS == NULL:
+        _load_kinds()
     cdef TextBuf tb
     memset(&tb, 0, sizeof(tb))
-    cdef Py_ssize_t n, i = 0, s
-    cdef uint32_t c
+    cdef Py_ssize_t n, i = 0, s, p
+    cdef int k
     cdef list out = []
-    cdef object word, term
     try:
         n = _lowered(text, 0, &tb)
         while i < n:
-            c = tb.cps[i]
             s = i
-            if _is_az09(c):
-                i = _word_end(tb.cps, i, n, True)
-            elif _is_term_cjk(c):
+            k = _kind(tb.cps[i])
+            if k == _WORD:
+                i = _term_word_end(tb.cps, i, n)
+                _add_term(tb.cps, s, i, cache, miss, out)
+            elif k == _SINGLE:
                 i += 1
+                _add_term(tb.cps, s, i, cache, miss, out)
+            elif k == _PAIR:
+                while i < n and _kind(tb.cps[i]) == _PAIR:
+                    i += 1
+                if i - s < 2:
+                    _add_term(tb.cps, s, i, cache, miss, out)
+                else:
+                    for p in range(s, i - 1):
+                        _add_term(tb.cps, p, p + 2, cache, miss, out)
             else:
                 i += 1
-                continue
-            word = PyUnicode_FromKindAndData(4, tb.cps + s, i - s)  # 4: PyUnicode_4BYTE_KIND
-            term = cache.get(word)
-            if term is None:
-                term = miss(word)
-                if not isinstance(term, str):
-                    raise TypeError(f"miss({word!r}) must return a str, got {type(term).__name__}")
-                cache[word] = term
-            if term:
-                out.append(term)
     finally:
         _release(&tb)
     return out

@@ -1,5 +1,7 @@
-"""Lexical terms shared by the lexical scorers: lowercased words and single CJK characters,
-with a light English suffix strip so "restarts"/"restarted" meet "restart"."""
+"""Lexical terms shared by the lexical scorers of memories and knowledge: lowercased words of any
+script (joined by "-" or ".": "payment-api", "v1.2"), single CJK and Hangul characters and pairs of
+Thai, Lao, Myanmar or Khmer characters (fastpath.reference.scripts), with a light English suffix
+strip so "restarts"/"restarted" meet "restart"."""
 
 from __future__ import annotations
 
@@ -10,8 +12,15 @@ from functools import lru_cache
 import numpy as np
 
 from fastpath import fnv1a64
+from fastpath.reference import scripts
 
-_TERM_RE = re.compile(r"[0-9a-z_]+(?:[-.][0-9a-z_]+)*|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_WORD_CHARS = scripts.char_class(scripts.WORD) + "_"
+_TERM_RE = re.compile(f"[{_WORD_CHARS}]+(?:[-.][{_WORD_CHARS}]+)*|[{scripts.char_class(scripts.SINGLE)}]"
+                      f"|[{scripts.char_class(scripts.PAIR)}]+")
+_PAIR_FIRST, _PAIR_LAST = scripts.PAIR_RANGES[0][0], scripts.PAIR_RANGES[-1][1]
+# Indexes saved with their terms (the knowledge index file) name the rule that made them: a file of
+# another rule is rebuilt from the rows. 2: words of every script (1: ASCII words and CJK only).
+TERMS_VERSION = 2
 _SUFFIXES = ("ing", "ed", "es", "s")
 STOPWORDS = frozenset(
     "a an the and or but if then of to in on at by for with from as is are was were be been being do does did "
@@ -33,7 +42,13 @@ def stem(word: str) -> str:
 
 def terms(text: str) -> list[str]:
     """Content terms of a text, in order (stopwords removed, stemmed)."""
-    return [stem(t) for t in _TERM_RE.findall(text.lower()) if t not in STOPWORDS]
+    out: list[str] = []
+    for t in _TERM_RE.findall(text.lower()):
+        if _PAIR_FIRST <= ord(t[0]) <= _PAIR_LAST and scripts.is_pair_run(t):
+            out += scripts.pairs(t)
+        elif t not in STOPWORDS:
+            out.append(stem(t))
+    return out
 
 
 # One BuildContext tokenises its query in several sources (memories, knowledge, graph): once is

@@ -134,7 +134,8 @@ def test_word_vector_sums_of_the_shipped_table_are_the_rows_numpy_sums():
         assert same_floats(row, want)
 
 
-TERM_ALPHABET = st.one_of(st.sampled_from(list("abcXYZ019'' -_.\n中ひカ\u3400\uf900\U00020001İÉß")), st.characters(codec="utf-8"))
+TERM_ALPHABET = st.one_of(st.sampled_from(list("abcXYZ019'' -_.\n中ひカ\u3400\uf900\U00020001İÉßжЖ서울हूँกรุงເລ្ខ၁\u0301")),
+                          st.characters(codec="utf-8"))
 
 
 @FAST
@@ -151,9 +152,10 @@ def test_word_terms_match_reference(texts):
 
 
 def test_word_terms_read_the_lexical_index_words():
+    from fastpath.reference import scripts
     from sidecar.memory.episodic.terms import _WORD_RE
 
-    assert ref.textkeys._TERM_WORD_RE.pattern == _WORD_RE.pattern  # the index's own words
+    assert scripts.term_word_re().pattern == _WORD_RE.pattern  # the index's own words
 
 
 @IMPLS
@@ -166,13 +168,31 @@ def test_word_terms_rules(impl):
         return "" if word == "the" else word.upper()
 
     assert impl.word_terms("The known DON'T rock'n'roll x'1 中文 über", cache, miss) == [
-        "K", "DON'T", "ROCK'N", "ROLL", "X", "1", "中", "文", "BER"]
+        "K", "DON'T", "ROCK'N", "ROLL", "X", "1", "中", "文", "ÜBER"]
     assert "known" not in asked and cache["the"] == ""
     assert impl.word_terms("the THE", cache, miss) == [] and asked.count("the") == 1  # looked up once
     with pytest.raises(TypeError, match="text must be str"):
         impl.word_terms(b"bytes", {}, miss)
     with pytest.raises(TypeError, match="must return a str"):
         impl.word_terms("word", {}, lambda w: None)
+
+
+@IMPLS
+def test_word_terms_in_every_script(impl):
+    """A word of a script with spaces is one term, accents and vowel signs in it; a CJK ideograph,
+    kana or Hangul syllable is a term alone; a run of Thai (Lao, Myanmar, Khmer) gives its pairs."""
+    def words(text: str) -> list[str]:
+        return impl.word_terms(text, {}, lambda w: w)
+
+    assert words("Meine Schwester wohnt in München, l'été à Paris") == [
+        "meine", "schwester", "wohnt", "in", "münchen", "l'été", "à", "paris"]
+    assert words("Сестра живёт в Новосибирске.") == ["сестра", "живёт", "в", "новосибирске"]
+    assert words("Η αδελφή μου ζει στην Αθήνα") == ["η", "αδελφή", "μου", "ζει", "στην", "αθήνα"]
+    assert words("أختي تعيش في القاهرة") == ["أختي", "تعيش", "في", "القاهرة"]
+    assert words("मेरी बहन दिल्ली में रहती है।") == ["मेरी", "बहन", "दिल्ली", "में", "रहती", "है"]
+    assert words("여동생은 부산에") == ["여", "동", "생", "은", "부", "산", "에"]
+    assert words("กรุงเทพ ก") == ["กร", "รุ", "ุง", "งเ", "เท", "ทพ", "ก"]
+    assert words("ok 😀 ¿qué? №5 ½") == ["ok", "qué", "5", "½"]
 
 
 @FAST

@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from fastpath.reference import scripts
 from fastpath.reference._common import MASK64, _int, _texts
 
 __all__ = ["FNV_OFFSET", "FNV_PRIME", "WordTable", "tokenize", "fnv1a64", "text_keys", "hash_embed",
@@ -183,11 +184,9 @@ def word_vector_sums(texts: Sequence[str], table: WordTable, weighted: np.ndarra
     return out
 
 
-# word_terms: a text's words are the matches of _TERM_WORD_RE in the lowercased text (a run of ASCII
-# letters and digits with an optional "'" and letters after it, or one CJK character), in order.
-_TERM_WORD_RE = re.compile(r"[0-9a-z]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-
-
+# word_terms: a text's words are the matches of scripts.term_word_re() in the lowercased text (a run
+# of letters, digits and marks with an optional "'" and letters after it, one CJK or Hangul character,
+# or a run of Thai, Lao, Myanmar or Khmer giving its pairs of characters), in order.
 def word_terms(text: str, cache: dict[str, str], miss: Callable[[str], str]) -> list[str]:
     """The truthy cache[w] of each word w of the lowercased text, in order; a word not in the cache is
     put there as miss(w) first (a str)."""
@@ -196,16 +195,22 @@ def word_terms(text: str, cache: dict[str, str], miss: Callable[[str], str]) -> 
     if not isinstance(cache, dict):
         raise TypeError(f"cache must be a dict, got {type(cache).__name__}")
     out = []
-    for word in _TERM_WORD_RE.findall(text.lower()):
-        term = cache.get(word)
-        if term is None:
-            term = miss(word)
-            if not isinstance(term, str):
-                raise TypeError(f"miss({word!r}) must return a str, got {type(term).__name__}")
-            cache[word] = term
-        if term:
-            out.append(term)
+    for found in scripts.term_word_re().findall(text.lower()):
+        for word in scripts.pairs(found) if scripts.is_pair_run(found) else (found,):
+            _add_term(word, cache, miss, out)
     return out
+
+
+def _add_term(word: str, cache: dict[str, str], miss: Callable[[str], str], out: list[str]) -> None:
+    """Append the word's truthy term (cache[word], made by miss(word) the first time)."""
+    term = cache.get(word)
+    if term is None:
+        term = miss(word)
+        if not isinstance(term, str):
+            raise TypeError(f"miss({word!r}) must return a str, got {type(term).__name__}")
+        cache[word] = term
+    if term:
+        out.append(term)
 
 
 _TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+/_-")

@@ -15,7 +15,7 @@ import numpy as np
 
 from sidecar.domain import KnowledgeChunk
 from sidecar.index.hybrid import Hit, HybridIndex
-from sidecar.text import NO_TERMS, query_terms, term_ids, terms
+from sidecar.text import NO_TERMS, TERMS_VERSION, query_terms, term_ids, terms
 
 log = logging.getLogger("sidecar.knowledge")
 
@@ -94,8 +94,8 @@ class TenantKnowledge:
         with self.lock:
             tmp = path.with_suffix(".tmp")
             with tmp.open("wb") as f:
-                pickle.dump({"dim": self.dim, "entries": self.entries, "groups": self.groups}, f,
-                            protocol=pickle.HIGHEST_PROTOCOL)
+                pickle.dump({"dim": self.dim, "terms": TERMS_VERSION, "entries": self.entries, "groups": self.groups},
+                            f, protocol=pickle.HIGHEST_PROTOCOL)
             tmp.replace(path)  # atomic: a crash leaves the old file or the new one
 
     @classmethod
@@ -106,7 +106,7 @@ class TenantKnowledge:
         except (OSError, pickle.UnpicklingError, EOFError, AttributeError) as e:
             log.warning("knowledge index %s unreadable (%s); rebuilding from rows", path, e)
             return None
-        if data.get("dim") != dim:
+        if data.get("dim") != dim or data.get("terms") != TERMS_VERSION:  # another embedder, or another word rule
             return None
         tk = cls(dim)
         tk.entries = data["entries"]

@@ -8,9 +8,10 @@ import re
 from functools import lru_cache
 
 import fastpath
+from fastpath.reference import scripts
 from sidecar.text import STOPWORDS
 
-_WORD_RE = re.compile(r"[0-9a-z]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_WORD_RE = scripts.term_word_re()  # the index's words, in every script (fastpath.reference.scripts)
 _VOWEL_RE = re.compile(r"[aeiouy]")
 # Porter-like suffix rules, longest first: (suffix, replacement, minimum stem length).
 _RULES = (("ational", "ate", 3), ("iveness", "ive", 3), ("fulness", "ful", 3), ("ization", "ize", 3),
@@ -93,7 +94,8 @@ def terms(text: str, *, stemmed: bool = True) -> list[str]:
         if len(_TERMS) > _TERMS_MAX:  # a bound on what hostile text can make it hold
             _TERMS.clear()
         return fastpath.word_terms(text, _TERMS, _stemmed_term)  # the words of _WORD_RE, each looked up once
-    words = [w.split("'")[0] for w in _WORD_RE.findall(text.lower())]
+    words = [w.split("'")[0] for found in _WORD_RE.findall(text.lower())
+             for w in (scripts.pairs(found) if scripts.is_pair_run(found) else (found,))]
     return [w for w in words if w and w not in STOPWORDS]
 
 
