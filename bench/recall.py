@@ -239,6 +239,21 @@ def load_longmemeval(data: list[dict]) -> list[Conversation]:
     return convs
 
 
+# The same conversations in another script, letter for letter (--script): what a user writing in it
+# gets from a ranker tuned on English text, without the English stemmer, date words or word vectors.
+SCRIPTS = {"cyrillic": str.maketrans("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+                                     "абцдефгхийклмнопярстувшжызАБЦДЕФГХИЙКЛМНОПЯРСТУВШЖЫЗ")}
+
+
+def in_script(conv: Conversation, table: dict[int, str]) -> Conversation:
+    """The conversation with its turns, speakers, questions and answers written in another script."""
+    sessions = {n: [replace(t, text=t.text.translate(table), speaker=t.speaker.translate(table)) for t in turns]
+                for n, turns in conv.sessions.items()}
+    questions = [replace(q, text=q.text.translate(table), answer=q.answer.translate(table)) for q in conv.questions]
+    return replace(conv, speakers=(conv.speakers[0].translate(table), conv.speakers[1].translate(table)),
+                   sessions=sessions, questions=questions)
+
+
 def read_data(path: Path) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
@@ -1165,6 +1180,8 @@ def main() -> None:
     parser.add_argument("--commit", choices=tuple(INGEST_MODES), default="turn",
                         help="replay with CommitTurn per turn or per session, or import whole histories "
                              "(ImportSessions)")
+    parser.add_argument("--script", choices=tuple(SCRIPTS),
+                        help="the conversations written in another script, letter for letter (results printed only)")
     parser.add_argument("--offline", metavar="CACHE_DIR",
                         help="tuning: replay once into CACHE_DIR, then call BuildContext in process (no results written)")
     parser.add_argument("--keep", metavar="CACHE_DIR",
@@ -1195,6 +1212,8 @@ def main() -> None:
         convs, budgets = convs[:2], (2000, 4000)
     if args.limit:
         convs = stratified(convs, args.limit) if dataset == "longmemeval" else convs[: args.limit]
+    if args.script:
+        convs = [in_script(c, SCRIPTS[args.script]) for c in convs]
     if args.offline:
         app, maps = offline_app(Path(args.offline), convs, args.profile)
         try:
@@ -1244,7 +1263,9 @@ def main() -> None:
         figures["haystack_cut_turns"] = QUICK_TURNS
     if embedder in NEEDS:
         figures["model_cost"] = model_cost(convs, embedder)
-    if not args.quick and not args.limit:  # only a full run replaces the published results
+    if args.script:
+        figures["script"] = args.script
+    if not args.quick and not args.limit and not args.script:  # only a full run replaces the published results
         write_results(figures, args.profile, budgets, dataset)
     slim = {k: v for k, v in figures.items() if k != "evidence_issue_items"}
     emit(slim)

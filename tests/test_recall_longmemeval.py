@@ -176,6 +176,22 @@ def test_an_imported_replay_measures_what_a_committed_one_does(stub, tmp_path):
     assert runs["import"] == runs["session"]
 
 
+def test_a_history_written_in_another_script_is_recalled_by_its_words(stub, tmp_path):
+    """--script cyrillic: the same turns, questions and answers letter for letter in Cyrillic, their
+    ids and evidence unchanged; the degree turn is still found by its words under a budget that holds
+    little more than it."""
+    convs = [recall.in_script(c, recall.SCRIPTS["cyrillic"])
+             for c in recall.load_longmemeval(recall.read_data(write_gz(tmp_path / "lme.json.gz", TINY)))]
+    for c in convs:
+        c.user = f"{c.user}-cyrillic-{os.getpid()}"
+    degree = next(t for t in convs[0].turns() if t.dia_id == "S1:1")
+    assert degree.text.startswith("И градуатед шитх а дегрее") and convs[0].questions[0].evidence == ["S1:1"]
+    assert convs[0].questions[0].text == "Шхат дегрее дид И градуате шитх?"
+    budget = recall.Packer(convs[0]).costs[0] + 30
+    figures = recall.evaluate(stub, convs, (budget,), commit="import", log=lambda *_: None)
+    assert figures["by_category"]["single-session-user"][str(budget)] == 1.0
+
+
 def test_model_profile_without_the_extra_fails_clearly(monkeypatch):
     monkeypatch.setattr(recall, "model_installed", lambda name: False)
     monkeypatch.setattr(sys, "argv", ["recall.py", "--dataset", "longmemeval", "--profile", "model", "--quick"])
