@@ -603,12 +603,14 @@ cdef inline bint _is_term_letter(uint32_t c) noexcept nogil:
     return _is_az(c) if c < 128 else _kind(c) == _WORD
 
 
-cdef inline Py_ssize_t _term_word_end(const uint32_t* cps, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
-    """Where the word starting at cps[i] ends: its run of WORD characters, then a "'" and the
-    letters after it where a letter follows (scripts.term_word_re)."""
+cdef inline Py_ssize_t _term_word_end(uint32_t* cps, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
+    """Where the word starting at cps[i] ends: its run of WORD characters, then an apostrophe and the
+    letters after it where a letter follows (scripts.term_word_re); a typographic apostrophe is
+    written as "'" in the buffer, so "don’t" is the word "don't"."""
     while i < n and _kind(cps[i]) == _WORD:
         i += 1
-    if i + 1 < n and cps[i] == 39 and _is_term_letter(cps[i + 1]):  # 39: "'"
+    if i + 1 < n and (cps[i] == 39 or cps[i] == 0x2019) and _is_term_letter(cps[i + 1]):
+        cps[i] = 39  # "'"
         i += 2
         while i < n and _is_term_letter(cps[i]):
             i += 1

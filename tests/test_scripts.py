@@ -111,6 +111,26 @@ def test_served_recall_memory_and_knowledge_in_russian(tmp_path):
         running.stop()
 
 
+def test_a_typographic_apostrophe_names_the_speaker_and_drops_the_stopword():
+    """Phones and editors write "don’t" and "Melanie’s": the same terms, and the same speaker named."""
+    from sidecar.memory.episodic import DEFAULT_RANKING, terms
+    from sidecar.memory.episodic.terms import names_pattern
+
+    assert terms("I’m sure Melanie’s kids don’t mind") == terms("I'm sure Melanie's kids don't mind") == [
+        "sur", "melani", "kid", "don", "mind"]
+    assert names_pattern(("Melanie",)).sub("", "What did Melanie’s kids paint?") == "What did kids paint?"
+    from sidecar.index.word_vectors import StaticEmbedder
+    from sidecar.memory.episodic.index import _UserIndex
+
+    embedder = StaticEmbedder()
+    state = _UserIndex(dim=embedder.dim, window=4, dated=False)
+    state.add([Message(f"m{i}", "s", i, Role.USER, text, "", "", 1_683_504_000_000 + i, 0, 0, 0, speaker=speaker)
+               for i, (speaker, text) in enumerate([("Caroline", "We painted a lake."), ("Melanie", "We painted a lake.")])],
+              embedder, True)
+    mult = state._query_prior("What did Melanie’s kids paint?", DEFAULT_RANKING)
+    assert mult[1] > mult[0]  # Melanie's turn, as for "Melanie's"
+
+
 def test_a_knowledge_index_saved_under_another_word_rule_is_rebuilt(tmp_path):
     from sidecar.knowledge.index import TenantKnowledge
     from sidecar.text import TERMS_VERSION

@@ -81,13 +81,24 @@ def _escaped(cp: int) -> str:
     return f"\\U{cp:08x}" if cp >= BMP else f"\\u{cp:04x}"
 
 
+APOSTROPHES = "'\u2019"  # "'", and the typographic one phones and editors write ("don’t")
+
+
 @lru_cache(maxsize=1)
 def term_word_re() -> re.Pattern[str]:
     """The words of episodic recall's index in a lowercased text: a run of WORD characters with an
-    optional "'" and the letters after it ("don't": no digits after the "'"), a SINGLE character, or a
-    run of PAIR characters (pairs())."""
+    optional apostrophe and the letters after it ("don't": no digits after it), a SINGLE character, or
+    a run of PAIR characters (pairs()). A word's typographic apostrophe is read as "'" (as_typed())."""
     word, letter = char_class(WORD), "a-z" + char_class(WORD, ascii_too=False)
-    return re.compile(f"[{word}]+(?:'[{letter}]+)?|[{char_class(SINGLE)}]|[{char_class(PAIR)}]+")
+    return re.compile(f"[{word}]+(?:[{APOSTROPHES}][{letter}]+)?|[{char_class(SINGLE)}]|[{char_class(PAIR)}]+")
+
+
+_TYPOGRAPHIC = str.maketrans({"\u2019": "'"})
+
+
+def as_typed(word: str) -> str:
+    """A match of term_word_re with its apostrophe written "'"."""
+    return word.translate(_TYPOGRAPHIC)
 
 
 def pairs(run: str) -> list[str]:

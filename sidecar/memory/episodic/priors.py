@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fastpath.reference.scripts import as_typed
 from sidecar.memory.episodic.dates import _EPOCH, query_dates, query_days
 from sidecar.memory.episodic.terms import _WORD_RE
 from sidecar.memory.question_person import asked_about
@@ -27,7 +28,7 @@ class Priors:
         asks about), a month or year (the session's), a day (the turn told on or soon after it), or
         `relative` spans of days (relative_dates: "two weeks ago", resolved against the time of asking)."""
         n = len(self.ids)
-        words = {w.split("'")[0] for w in _WORD_RE.findall(query.lower())}  # "melanie's" names melanie
+        words = {as_typed(w).split("'")[0] for w in _WORD_RE.findall(query.lower())}  # "melanie's" names melanie
         named = [sid for name, sid in self.speakers.items() if name in words or name.split(" ")[0] in words]
         mult = np.ones(n)
         if named and r.speaker_boost and len(named) < len(self.speakers):

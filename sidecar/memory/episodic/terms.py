@@ -95,7 +95,7 @@ def terms(text: str, *, stemmed: bool = True) -> list[str]:
             _TERMS.clear()
         return fastpath.word_terms(text, _TERMS, _stemmed_term)  # the words of _WORD_RE, each looked up once
     words = [w.split("'")[0] for found in _WORD_RE.findall(text.lower())
-             for w in (scripts.pairs(found) if scripts.is_pair_run(found) else (found,))]
+             for w in (scripts.pairs(found) if scripts.is_pair_run(found) else (scripts.as_typed(found),))]
     return [w for w in words if w and w not in STOPWORDS]
 
 
@@ -113,4 +113,4 @@ def _stemmed_term(word: str) -> str:
 @lru_cache(maxsize=256)
 def names_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile(r"\b(?:" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
-                      + r")(?:'s)?\b\s*", re.I)
+                      + r")(?:['\u2019]s)?\b\s*", re.I)
