@@ -13,6 +13,7 @@ from sidecar.memory.question_person import asked_about
     ("我住在哪里？", Role.USER),
     ("Can you remind me what was the 7th job in the list you provided?", Role.ASSISTANT),
     ("You mentioned a remedy for dark circles; what was it?", Role.ASSISTANT),
+    ("What was the remedy you’ve suggested for dark circles?", Role.ASSISTANT),  # a phone's apostrophe
     ("What was the second of your suggestions for the trip?", Role.ASSISTANT),
     ("你推荐的那本书叫什么？", Role.ASSISTANT),
     ("Can you recommend some resources for video editing?", None),  # a request now, not a past turn
