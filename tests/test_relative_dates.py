@@ -48,6 +48,24 @@ def _dates(query: str, asked_ms: int = ASKED_MS) -> list[tuple[str, str]]:
     ("What have I been reading recently?", []),
     ("What was my previous occupation?", []),
     ("Who won the last game?", []),
+    # Chinese: the same spans.
+    ("我三天前做了什么菜？", [("2023-05-26", "2023-05-28")]),
+    ("两周前我去了哪里？", [("2023-05-14", "2023-05-18")]),
+    ("一个月前", [("2023-04-26", "2023-05-04")]),
+    ("十天前我买了什么？", [("2023-05-17", "2023-05-23")]),
+    ("上周六谁和我一起？", [("2023-05-27", "2023-05-27")]),  # the Saturday of last week
+    ("上星期天", [("2023-05-28", "2023-05-28")]),
+    ("上周末玩了什么游戏？", [("2023-05-27", "2023-05-28")]),
+    ("上周天气很好", [("2023-05-22", "2023-05-28")]),  # last week's weather (天气), not a Sunday
+    ("上个月", [("2023-04-01", "2023-04-30")]),
+    ("过去两周我烤了几次？", [("2023-05-16", "2023-05-30")]),
+    ("最近三个月花了多少钱？", [("2023-03-01", "2023-05-30")]),
+    ("今年参加了几场婚礼？", [("2023-01-01", "2023-05-30")]),
+    ("昨天吃了什么？", [("2023-05-29", "2023-05-29")]),
+    ("前天", [("2023-05-28", "2023-05-28")]),
+    ("你最近在读什么书？", []),  # recently: no date
+    ("去年我去哪儿旅行了？", []),  # years back
+    ("以前的工作是什么？", []),  # before, in general
 ])
 def test_relative_dates_resolve_against_the_time_of_asking(query, spans):
     assert _dates(query) == spans
@@ -60,6 +78,7 @@ def test_relative_dates_resolve_against_the_time_of_asking(query, spans):
     ("How many times did I bake in the past two weeks?", ["many", "tim", "bak"]),
     ("two weeks ago, and last Saturday I met Sam", ["meet", "sam"]),
     ("How many days ago did I attend the service?", ["many", "day", "ago", "attend", "servic"]),  # no date named
+    ("我三天前做了什么菜？", ["做", "什", "么", "菜"]),
 ])
 def test_the_words_naming_a_relative_time_come_out_of_the_query(query, left):
     assert terms(relative_dates(query, ASKED_MS).without_phrases(query)) == left
@@ -123,6 +142,16 @@ def test_build_context_reads_relative_dates_from_asked_at(stub, scope):
     assert "kettle" in first("What did I buy for the kitchen two months ago?")
     assert "toaster" in first("What did I buy for the kitchen a month ago?")
     assert "blender" in first("What did I buy for the kitchen?")  # no time named: the newest
+
+
+def test_a_chinese_question_reads_its_relative_date_from_asked_at(stub, scope):
+    stub.ImportSessions(pb.ImportSessionsRequest(scope=scope, sessions=[
+        _told(60, "我给厨房买了一个新水壶。"), _told(30, "我给厨房买了一个新烤面包机。"),
+        _told(10, "我给厨房买了一个新搅拌机。"), _told(2, "我给厨房买了一个新咖啡机。")]))
+    first = lambda query: _first_recalled(stub, scope, query, ASKED_MS)  # noqa: E731
+    assert "搅拌机" in first("我十天前给厨房买了什么？")
+    assert "水壶" in first("我两个月前给厨房买了什么？")
+    assert "烤面包机" in first("一个月前我给厨房买了什么？")
 
 
 def test_a_relative_time_is_read_as_days_not_as_words_where_turns_were_told_then(stub, scope):

@@ -1,7 +1,7 @@
 """Relative dates in a query ("two weeks ago", "last Saturday", "in the past three months"), resolved
 against the time of asking into spans of days, so the turns told then can be found as the days a
-query names are (priors.py). English only; a duration asked for ("how many days ago did I...")
-names no date."""
+query names are (priors.py). English and Chinese ("三天前", "上周六", "过去两周"); a duration asked for
+("how many days ago did I...") names no date."""
 
 from __future__ import annotations
 
@@ -29,8 +29,22 @@ _LAST_RE = re.compile(r"\b(?:last|(?:this\s+)?past|previous)\s+(?P<what>weekend|
                       + "|".join(_WEEKDAYS) + r")\b", re.I)
 _THIS_RE = re.compile(r"\bthis\s+(?P<what>week|month|year)\b", re.I)
 _DAY_RE = re.compile(r"\b(?P<what>the\s+day\s+before\s+yesterday|yesterday|today|this\s+morning|tonight)\b", re.I)
+# The same in Chinese: "三天前" (three days ago), "两个星期前", "过去两周" / "最近三个月" (the past...),
+# "上周" / "上周末" / "上个月" / "上周六" (Saturday of last week), "这周" / "本月" / "今年", "昨天", "前天".
+_ZH_DIGITS = {"零": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8, "九": 9}
+_ZH_NUMBER = r"(?P<n>\d{1,3}|[一二两三四五六七八九十]{1,3}|几)"
+_ZH_UNIT = r"(?P<unit>天|日|周|个?星期|个?礼拜|个月)"
+_ZH_UNIT_DAYS = {"天": 1, "日": 1, "周": 7, "星期": 7, "礼拜": 7, "月": 30}
+_ZH_AGO_RE = re.compile(rf"{_ZH_NUMBER}\s*{_ZH_UNIT}\s*(?:以)?前")
+_ZH_WITHIN_RE = re.compile(rf"(?:过去|最近|近)(?:的)?\s*{_ZH_NUMBER}\s*{_ZH_UNIT}")
+# "上周天气" is last week's weather: 天 names Sunday only after 星期 / 礼拜 ("上星期天").
+_ZH_LAST_RE = re.compile(r"上个?(?:(?P<weekend>周末)|周(?P<day>[一二三四五六日])?|(?:星期|礼拜)(?P<sunday>[一二三四五六日天])?"
+                         r"|(?P<month>月))")
+_ZH_THIS_RE = re.compile(r"(?:这|本)个?(?P<what>周|星期|礼拜|月)|(?P<year>今年)")
+_ZH_DAY_RE = re.compile(r"(?P<what>大前天|前天|昨天|昨晚|昨日|今天|今早|今晚|今日)")
+_ZH_WEEKDAYS = "一二三四五六"  # 日 / 天: Sunday
 # Every pattern above needs one of these words: most queries skip them all.
-_HINT_RE = re.compile(r"\b(?:ago|past|last|previous|this|yesterday|today|morning|tonight)\b", re.I)
+_HINT_RE = re.compile(r"\b(?:ago|past|last|previous|this|yesterday|today|morning|tonight)\b|[前上这本今昨过近]", re.I)
 
 
 class RelativeDates(NamedTuple):
@@ -103,7 +117,52 @@ def relative_dates(query: str, asked_at_ms: int) -> RelativeDates:
         what = " ".join(m.group("what").lower().split())
         back = 2 if what.endswith("before yesterday") else 1 if what == "yesterday" else 0
         add(m, today - dt.timedelta(days=back), today - dt.timedelta(days=back))
+    _chinese(query, today, add)
     return RelativeDates(tuple((a.toordinal() - _EPOCH, b.toordinal() - _EPOCH) for a, b in spans), tuple(taken))
+
+
+def _chinese(query: str, today: dt.date, add) -> None:
+    """The Chinese relative times of the query, each given to add(match, first day, last day) as
+    relative_dates reads the English ones."""
+    for m in _ZH_AGO_RE.finditer(query):
+        n, unit = _zh_count(m.group("n")), _ZH_UNIT_DAYS[m.group("unit")[-2:].lstrip("个")]
+        back = n * unit
+        slack = max(1, back // 7) if unit > 1 else n // 3
+        centre = today - dt.timedelta(days=back)
+        add(m, centre - dt.timedelta(days=slack), centre + dt.timedelta(days=slack))
+    for m in _ZH_WITHIN_RE.finditer(query):
+        n, unit = _zh_count(m.group("n")), _ZH_UNIT_DAYS[m.group("unit")[-2:].lstrip("个")]
+        add(m, today - dt.timedelta(days=n * unit), today)
+    monday = today - dt.timedelta(days=today.weekday())
+    for m in _ZH_LAST_RE.finditer(query):
+        if m.group("weekend"):
+            first, last = _last("weekend", today)
+        elif m.group("month"):
+            first, last = _last("month", today)
+        elif day := m.group("day") or m.group("sunday"):  # 上周六: the Saturday of last week, not the latest one
+            first = last = monday - dt.timedelta(days=7 - (_ZH_WEEKDAYS.index(day) if day in _ZH_WEEKDAYS else 6))
+        else:
+            first, last = _last("week", today)
+        add(m, first, last)
+    for m in _ZH_THIS_RE.finditer(query):
+        what = "year" if m.group("year") else "month" if m.group("what") == "月" else "week"
+        add(m, {"week": monday, "month": today.replace(day=1), "year": today.replace(month=1, day=1)}[what], today)
+    for m in _ZH_DAY_RE.finditer(query):
+        what = m.group("what")
+        back = 3 if what == "大前天" else 2 if what == "前天" else 1 if what.startswith("昨") else 0
+        add(m, today - dt.timedelta(days=back), today - dt.timedelta(days=back))
+
+
+def _zh_count(word: str) -> int:
+    """A count written in digits or Chinese numerals up to 99 ("三", "十二", "二十"); 几 (a few) is 3."""
+    if word.isdigit():
+        return int(word)
+    if word == "几":
+        return 3
+    tens, _, ones = word.partition("十")
+    if "十" not in word:
+        return _ZH_DIGITS.get(word, 1) if len(word) == 1 else 1
+    return (_ZH_DIGITS.get(tens, 1) if tens else 1) * 10 + (_ZH_DIGITS.get(ones, 0) if ones else 0)
 
 
 def _count(word: str) -> int:
