@@ -412,6 +412,14 @@ def test_query_dates_and_days():
     assert query_dates("What did they do in 2022?") == (set(), {2022})
     assert query_dates("I may go on 3 walks") == (set(), set()) and not query_days("I may go on 3 walks")
     assert not query_days("on 31 February 2023")  # not a day: ignored
+    # Chinese: 年 / 月 / 日 (号), in digits or numerals; "三个月" is a duration, not March.
+    assert query_days("我2023年5月8日做了什么？") == {dt.date(2023, 5, 8)}
+    assert query_dates("我2023年5月8日做了什么？") == ({(2023, 5)}, set())
+    assert query_days("十二月二十五日 2022年") == {dt.date(2022, 12, 25)}
+    assert query_dates("我三月去了哪里？") == ({(0, 3)}, set()) and not query_days("我三月去了哪里？")
+    assert query_dates("2022年我读了几本书？") == (set(), {2022})
+    assert query_dates("三个月前") == (set(), set()) and query_dates("2023年二月三十日")[0] == {(2023, 2)}
+    assert not query_days("2023年二月三十日")  # not a day: ignored
 
 
 def _index(sessions: list[tuple[int, list[tuple[str, str]]]]):

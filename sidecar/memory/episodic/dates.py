@@ -23,9 +23,27 @@ _DAY_RES = (re.compile(r"\b(?P<d>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<m>" + 
                        + r")\b\.?(?:,?\s+(?P<y>\d{4}))?", re.I),
             re.compile(r"\b(?P<m>" + _MONTH_ALT + r")\b\.?\s+(?P<d>\d{1,2})(?:st|nd|rd|th)?\b(?!:)(?:,?\s+(?P<y>\d{4}))?",
                        re.I))
+# Chinese: "2023年5月8日", "5月8号", "五月八日", "2023年5月", "三月", "2022年".
+_ZH_DIGITS = {"零": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8, "九": 9}
+_ZH_NUM = r"\d{1,2}|[一二三四五六七八九十]{1,3}"
+_ZH_DAY_RE = re.compile(rf"(?:(?P<y>\d{{4}})\s*年\s*)?(?P<m>{_ZH_NUM})\s*月\s*(?P<d>{_ZH_NUM})\s*[日号]")
+_ZH_MONTH_RE = re.compile(rf"(?:(?P<y>\d{{4}})\s*年\s*)?(?<![\d一二三四五六七八九十个])(?P<m>{_ZH_NUM})\s*月")
+_ZH_YEAR_RE = re.compile(r"(?P<y>(?:19|20)\d\d)\s*年")
 _EPOCH = dt.date(1970, 1, 1).toordinal()
-# Every date pattern above needs a digit or a month's name: a query with neither skips them all.
-_DATE_HINT = re.compile(r"\d|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)", re.I)
+# Every date pattern above needs a digit, a month's name or 月 / 年: a query with none skips them all.
+_DATE_HINT = re.compile(r"\d|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)|[月年]", re.I)
+
+
+def zh_count(word: str) -> int:
+    """A count written in digits or Chinese numerals up to 99 ("三", "十二", "二十"); 几 (a few) is 3."""
+    if word.isdigit():
+        return int(word)
+    if word == "几":
+        return 3
+    if "十" not in word:
+        return _ZH_DIGITS.get(word, 0) if len(word) == 1 else 0
+    tens, _, ones = word.partition("十")
+    return (_ZH_DIGITS.get(tens, 0) if tens else 1) * 10 + (_ZH_DIGITS.get(ones, 0) if ones else 0)
 
 
 def query_dates(query: str, days: set[dt.date] | None = None) -> tuple[set[tuple[int, int]], set[int]]:
@@ -36,8 +54,11 @@ def query_dates(query: str, days: set[dt.date] | None = None) -> tuple[set[tuple
     found = _MONTH_RE.findall(query)
     months = {(int(y) if y else 0, _MONTHS[m.lower()]) for m, y in found
               if m.lower() != "may" or y}  # "may" alone is the verb far more often than the month
+    for m in _ZH_MONTH_RE.finditer(query):
+        if 1 <= (month := zh_count(m.group("m"))) <= 12:
+            months.add((int(m.group("y")) if m.group("y") else 0, month))
     with_month = {y for y, _ in months}
-    years = {int(y) for y in _YEAR_RE.findall(query)} - with_month
+    years = {int(y) for y in (*_YEAR_RE.findall(query), *_ZH_YEAR_RE.findall(query))} - with_month
     if days is None:
         days = query_days(query)
     months |= {(d.year, d.month) for d in days}
@@ -51,14 +72,15 @@ def query_days(query: str) -> set[dt.date]:
     out: set[dt.date] = set()
     if not _DATE_HINT.search(query):
         return out
-    years = {int(y) for y in _YEAR_RE.findall(query)}
-    for pattern in _DAY_RES:
+    years = {int(y) for y in (*_YEAR_RE.findall(query), *_ZH_YEAR_RE.findall(query))}
+    for pattern in (*_DAY_RES, _ZH_DAY_RE):
         for m in pattern.finditer(query):
             year = int(m.group("y")) if m.group("y") else (next(iter(years)) if len(years) == 1 else 0)
             if not year:
                 continue
+            month = zh_count(m.group("m")) if pattern is _ZH_DAY_RE else _MONTHS[m.group("m").lower()]
             try:
-                out.add(dt.date(year, _MONTHS[m.group("m").lower()], int(m.group("d"))))
+                out.add(dt.date(year, month, zh_count(m.group("d"))))
             except ValueError:
                 continue
     return out

@@ -10,7 +10,7 @@ import re
 from bisect import bisect_left
 from typing import NamedTuple
 
-from sidecar.memory.episodic.dates import _EPOCH, utc_day
+from sidecar.memory.episodic.dates import _EPOCH, utc_day, zh_count
 
 _NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
             "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "a couple of": 2, "couple of": 2,
@@ -31,7 +31,6 @@ _THIS_RE = re.compile(r"\bthis\s+(?P<what>week|month|year)\b", re.I)
 _DAY_RE = re.compile(r"\b(?P<what>the\s+day\s+before\s+yesterday|yesterday|today|this\s+morning|tonight)\b", re.I)
 # The same in Chinese: "三天前" (three days ago), "两个星期前", "过去两周" / "最近三个月" (the past...),
 # "上周" / "上周末" / "上个月" / "上周六" (Saturday of last week), "这周" / "本月" / "今年", "昨天", "前天".
-_ZH_DIGITS = {"零": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8, "九": 9}
 _ZH_NUMBER = r"(?P<n>\d{1,3}|[一二两三四五六七八九十]{1,3}|几)"
 _ZH_UNIT = r"(?P<unit>天|日|周|个?星期|个?礼拜|个月)"
 _ZH_UNIT_DAYS = {"天": 1, "日": 1, "周": 7, "星期": 7, "礼拜": 7, "月": 30}
@@ -125,13 +124,13 @@ def _chinese(query: str, today: dt.date, add) -> None:
     """The Chinese relative times of the query, each given to add(match, first day, last day) as
     relative_dates reads the English ones."""
     for m in _ZH_AGO_RE.finditer(query):
-        n, unit = _zh_count(m.group("n")), _ZH_UNIT_DAYS[m.group("unit")[-2:].lstrip("个")]
+        n, unit = zh_count(m.group("n")), _ZH_UNIT_DAYS[m.group("unit")[-2:].lstrip("个")]
         back = n * unit
         slack = max(1, back // 7) if unit > 1 else n // 3
         centre = today - dt.timedelta(days=back)
         add(m, centre - dt.timedelta(days=slack), centre + dt.timedelta(days=slack))
     for m in _ZH_WITHIN_RE.finditer(query):
-        n, unit = _zh_count(m.group("n")), _ZH_UNIT_DAYS[m.group("unit")[-2:].lstrip("个")]
+        n, unit = zh_count(m.group("n")), _ZH_UNIT_DAYS[m.group("unit")[-2:].lstrip("个")]
         add(m, today - dt.timedelta(days=n * unit), today)
     monday = today - dt.timedelta(days=today.weekday())
     for m in _ZH_LAST_RE.finditer(query):
@@ -151,18 +150,6 @@ def _chinese(query: str, today: dt.date, add) -> None:
         what = m.group("what")
         back = 3 if what == "大前天" else 2 if what == "前天" else 1 if what.startswith("昨") else 0
         add(m, today - dt.timedelta(days=back), today - dt.timedelta(days=back))
-
-
-def _zh_count(word: str) -> int:
-    """A count written in digits or Chinese numerals up to 99 ("三", "十二", "二十"); 几 (a few) is 3."""
-    if word.isdigit():
-        return int(word)
-    if word == "几":
-        return 3
-    tens, _, ones = word.partition("十")
-    if "十" not in word:
-        return _ZH_DIGITS.get(word, 1) if len(word) == 1 else 1
-    return (_ZH_DIGITS.get(tens, 1) if tens else 1) * 10 + (_ZH_DIGITS.get(ones, 0) if ones else 0)
 
 
 def _count(word: str) -> int:
