@@ -617,7 +617,7 @@ cdef inline Py_ssize_t _term_word_end(uint32_t* cps, Py_ssize_t i, Py_ssize_t n)
     return i
 
 
-cdef int _add_term(const uint32_t* cps, Py_ssize_t s, Py_ssize_t e, dict cache, miss, list out) except -1:
+cdef inline int _add_term(const uint32_t* cps, Py_ssize_t s, Py_ssize_t e, dict cache, miss, list out) except -1:
     """Append the truthy term of the word cps[s:e] (cache[word], made by miss(word) the first time)."""
     word = PyUnicode_FromKindAndData(4, cps + s, e - s)  # 4: PyUnicode_4BYTE_KIND
     term = cache.get(word)

@@ -18,6 +18,8 @@ _WORD_CHARS = scripts.char_class(scripts.WORD) + "_"
 _TERM_RE = re.compile(f"[{_WORD_CHARS}]+(?:[-.][{_WORD_CHARS}]+)*|[{scripts.char_class(scripts.SINGLE)}]"
                       f"|[{scripts.char_class(scripts.PAIR)}]+")
 _PAIR_FIRST, _PAIR_LAST = scripts.PAIR_RANGES[0][0], scripts.PAIR_RANGES[-1][1]
+# The same terms of an ASCII text, found faster: a small class matches what the large one would.
+_ASCII_TERM_RE = re.compile(r"[0-9a-z_]+(?:[-.][0-9a-z_]+)*")
 # Indexes saved with their terms (the knowledge index file) name the rule that made them: a file of
 # another rule is rebuilt from the rows. 2: words of every script (1: ASCII words and CJK only).
 TERMS_VERSION = 2
@@ -42,8 +44,11 @@ def stem(word: str) -> str:
 
 def terms(text: str) -> list[str]:
     """Content terms of a text, in order (stopwords removed, stemmed)."""
+    low = text.lower()
+    if low.isascii():
+        return [stem(t) for t in _ASCII_TERM_RE.findall(low) if t not in STOPWORDS]
     out: list[str] = []
-    for t in _TERM_RE.findall(text.lower()):
+    for t in _TERM_RE.findall(low):
         if _PAIR_FIRST <= ord(t[0]) <= _PAIR_LAST and scripts.is_pair_run(t):
             out += scripts.pairs(t)
         elif t not in STOPWORDS:

@@ -9,6 +9,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sidecar.domain import Message, Role
 from sidecar.text import terms
@@ -49,6 +51,14 @@ def test_memory_and_knowledge_terms_are_words_of_every_script():
     assert terms("เชียงใหม่") == ["เช", "ชี", "ีย", "ยง", "งใ", "ให", "หม", "ม่"]
     assert terms("Ärztin in München, payment-api v1.2") == ["ärztin", "münchen", "payment-api", "v1.2"]
     assert terms("中文 😀 ok_go") == ["中", "文", "ok_go"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.characters(min_codepoint=1, max_codepoint=127), max_size=80))
+def test_an_ascii_text_has_the_terms_the_rule_for_every_script_gives(text):
+    """terms() reads an ASCII text with a small pattern of its own: the same terms the full rule finds
+    (a non-ASCII word after it sends the whole text through the full rule)."""
+    assert terms(text + " ü") == terms(text) + ["ü"]
 
 
 @pytest.mark.parametrize("lang", sorted(LANGUAGES))
