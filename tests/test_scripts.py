@@ -141,6 +141,37 @@ def test_a_typographic_apostrophe_names_the_speaker_and_drops_the_stopword():
     assert mult[1] > mult[0]  # Melanie's turn, as for "Melanie's"
 
 
+def test_hostile_text_in_scripts_without_spaces_is_stored_and_recalled(tmp_path):
+    """Valid but hostile, on a new user and then one with history: a 255 KB Thai message (one run of
+    pairs), every Hangul syllable with 8,828 CJK ideographs, 20,000 ideographs above the BMP; each is
+    stored, recalled as a passage under a small budget, and the server keeps answering."""
+    from conftest import Running
+
+    from sidecar.api import context_service_pb2 as pb
+
+    thai = ("ฉันอาศัยอยู่ที่เชียงใหม่และเป็นหมอ" * 3000)[:85_000]  # 255 KB in UTF-8, under the 256 KB limit
+    hangul = "".join(chr(0xAC00 + i) for i in range(11_172)) + "".join(chr(0x4E00 + i) for i in range(8_828))
+    astral = "".join(chr(0x20000 + i) for i in range(0, 60_000, 3))
+    running = Running(str(tmp_path / "hostile.duckdb"))
+    try:
+        stub = running.stub
+        scope = pb.Scope(tenant_id="t", user_id="new")
+        for text in (thai, hangul, astral):
+            sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
+            stored = stub.AppendMessages(pb.AppendMessagesRequest(scope=scope, session_id=sid, messages=[
+                pb.NewMessage(role=pb.ROLE_USER, text=text)])).messages[0]
+            assert stored.message_id
+        for query, part in (("อาศัยอยู่ที่เชียงใหม่", "เชียงใหม่"), (hangul[5000:5010], hangul[5000:5010]),
+                            (astral[100:105], astral[100:105])):
+            sid = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id  # a question a session
+            resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=sid, query=query, budget=pb.Budget(
+                max_input=3000, reserved_for_output=0, memories=1500, recent_messages=0, flow_unused=False)))
+            recalled = [it for s in resp.sections for it in s.items if it.source.startswith("message:")]
+            assert recalled and part in max(recalled, key=lambda it: it.score).text, query  # the best-scored
+    finally:
+        running.stop()
+
+
 def test_a_knowledge_index_saved_under_another_word_rule_is_rebuilt(tmp_path):
     from sidecar.knowledge.index import TenantKnowledge
     from sidecar.text import TERMS_VERSION
