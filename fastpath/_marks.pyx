@@ -80,6 +80,10 @@ def voice(text):
     cdef bint after_word = False  # whether text[i - 1] is a word character
     while i < n:
         c = fp_read(kind, data, i)
+        if c == 0x6211:  # 我
+            own += 1
+        elif c == 0x4F60 or c == 0x60A8:  # 你 您
+            other += 1
         # A person word's first letter, at a word's start.
         if not after_word and _opens_person_word(_folded(c)):
             length = _person_at(kind, data, i, n, &which)

@@ -12,7 +12,7 @@ import fastpath
 from fastpath import reference as ref
 from tests.fastpath_checks import IMPLS
 
-PIECES = [*"iI'mMyYoOuUrRwWeEsSvVdDlLfF .!?\"\n\t\u3000\u00a0Abc-_1²ıİſK\u212aéÉ中😀", "you", "You", "YOUR", "yours",
+PIECES = [*"iI'mMyYoOuUrRwWeEsSvVdDlLfF .!?\"\n\t\u3000\u00a0Abc-_1²ıİſK\u212aéÉ中😀我你您", "you", "You", "YOUR", "yours",
           "yourself", "I'm", "I've", "i'd", "I'll", "we're", "We've", "our", "ours", "us", "me", "mine", "myself", "my",
           "we", "Ann", "Mel", "Mr. Smith", "! \"Hi", "? Ok", "Chicago"]
 TEXTS = st.lists(st.sampled_from(PIECES), max_size=40).map("".join) | st.text(max_size=60)
@@ -32,6 +32,8 @@ def test_marks_of_plain_turns(impl):
     assert impl.voice("I hear you.") == 0 and impl.voice("") == 0
     assert impl.voice("İ said ıt to uſ") == 1  # IGNORECASE's extra "i" and "s"
     assert impl.voice("my_self you") == -1  # "my_self" is one word, no "my"
+    assert impl.voice("我昨天去了医院，医生说我要多休息。") == 1 and impl.voice("你应该多休息，您说呢？") == -1
+    assert impl.voice("我觉得你说得对") == 0 and impl.voice("我们 you you") == -1
     assert impl.capitalised('Hey Mel! We read "Charlotte\'s Web" in Chicago. Wow. Ok') == (
         "mel", "charlotte", "web", "chicago")
     # Not the text's first word, an all-capitals one, one after a sentence's end or inside a word.

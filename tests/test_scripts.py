@@ -80,6 +80,23 @@ def test_episodic_recall_matches_the_words_of_every_script(lang):
     assert scores[ASKED] > 0
 
 
+def test_a_chinese_turn_about_its_speaker_is_weighed_as_an_english_one():
+    """我 ("I") and 你 / 您 ("you") give a turn its voice, as "I / my" and "you / your" do: the turn
+    telling of its speaker outranks the one telling of the listener, the same words otherwise."""
+    from sidecar.index.word_vectors import StaticEmbedder
+    from sidecar.memory.episodic import DEFAULT_RANKING
+    from sidecar.memory.episodic.index import _UserIndex
+
+    turns = ["你上周去北京看了长城。", "我上周去北京看了长城。", "今天下雨了。"]
+    embedder = StaticEmbedder()
+    state = _UserIndex(dim=embedder.dim, window=4, dated=False)
+    state.add([Message(f"m{i}", f"s{i}", 0, Role.USER, text, "", "", 1_683_504_000_000 + i * 86_400_000, 0, 0, 0)
+               for i, text in enumerate(turns)], embedder, True)
+    assert state.voice[:3].tolist() == [-1, 1, 0]
+    scores = state.rank("我上周去了哪里？", None, "", DEFAULT_RANKING)
+    assert scores[1] > scores[0] > 0
+
+
 def test_served_recall_memory_and_knowledge_in_russian(tmp_path):
     """Over gRPC: a Russian user's turn is packed under a budget that holds one, their memory is
     found by a Russian question, and a Russian manual is found word for word (lexical score > 0)."""

@@ -19,7 +19,7 @@ from typing import IO
 
 log = logging.getLogger("sidecar.episodic")
 
-SNAPSHOT_VERSION = 6  # 6: "don’t" is "don't"; 5: words of every script (fastpath.reference.scripts); 4: stemmer
+SNAPSHOT_VERSION = 7  # 7: 我 / 你 in a turn's voice; 6: "don’t" is "don't"; 5: words of every script
 SAVE_AT_CLOSE_S = 10.0  # at close, users' indexes are saved for at most this long (the rest rebuild from rows)
 MAX_SNAPSHOT_BYTES = 1 << 30  # users' saved indexes over all users (~1.5 MB for 500 long turns)
 CLEAN_MARK = "CLEAN"  # written at close once every saved snapshot is current
