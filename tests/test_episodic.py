@@ -1083,7 +1083,7 @@ def test_a_huge_pasted_turn_is_recalled_as_a_passage_within_the_budget(running, 
     assert count_tokens(resp.rendered_text) <= resp.total_budget
 
 
-_VOICE_PIECES = [*"iI'mMyYoOuUrRwWeEsS .!?\"\n\tAbcL-_1ıİſK\u212aé", "you", "You", "YOUR", "yours", "yourself", "I'm",
+_VOICE_PIECES = [*"iI'mMyYoOuUrRwWeEsS .!?\"\n\tAbcL-_1ıİſK\u212aé我你您", "you", "You", "YOUR", "yours", "yourself", "I'm",
                  "we're", "our", "ours", "us", "me", "mine", "myself", "my", "we", "Ann", "Mel"]
 
 
@@ -1098,8 +1098,8 @@ def test_voice_and_capitalised_answer_as_their_plain_patterns(text):
 
     person = re.compile(r"\b(i|i'm|i've|i'd|i'll|me|my|mine|myself|we|we're|we've|us|our|ours"
                         r"|(you|your|you're|you've|you'd|you'll|yours|yourself))\b", re.I)
-    own = sum(1 for m in person.finditer(text) if not m.group(2))
-    other = sum(1 for m in person.finditer(text) if m.group(2))
+    own = sum(1 for m in person.finditer(text) if not m.group(2)) + text.count("我")
+    other = sum(1 for m in person.finditer(text) if m.group(2)) + text.count("你") + text.count("您")
     assert voice(text) == (own > other) - (other > own)
     plain = re.compile(r"(?<![.!?]\s)(?<![.!?]\s\")(?<!^)\b[A-Z][a-z]+")
     assert capitalised(text) == tuple(dict.fromkeys(w.lower() for w in plain.findall(text)))
