@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from bisect import bisect_left
+from collections.abc import Callable
 from typing import NamedTuple
 
 from sidecar.memory.episodic.dates import _EPOCH, utc_day, zh_count
@@ -120,7 +121,7 @@ def relative_dates(query: str, asked_at_ms: int) -> RelativeDates:
     return RelativeDates(tuple((a.toordinal() - _EPOCH, b.toordinal() - _EPOCH) for a, b in spans), tuple(taken))
 
 
-def _chinese(query: str, today: dt.date, add) -> None:
+def _chinese(query: str, today: dt.date, add: Callable[[re.Match[str], dt.date, dt.date], None]) -> None:
     """The Chinese relative times of the query, each given to add(match, first day, last day) as
     relative_dates reads the English ones."""
     for m in _ZH_AGO_RE.finditer(query):
