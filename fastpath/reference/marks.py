@@ -4,8 +4,8 @@ its sentences (capitalised), as regular expressions.
 * ``voice``: the matches of ``_PERSON_RE`` (case-insensitive; the first of its alternatives that ends
   at a word boundary wins, so "I'm" is "I"), counted as first-person words ("I", "my", "we", "us",
   ...) or second-person ones ("you", "your", ...), and in Chinese each 我 first-person, each 你 or 您
-  second-person: +1 when more first-person, -1 when more second-person, else 0. A word character is ``ch.isalnum() or ch == "_"``; under IGNORECASE "i" also
-  matches "İ" and "ı", and "s" matches "ſ".
+  second-person: +1 when more first-person, -1 when more second-person, else 0. A word character is
+  ``ch.isalnum() or ch == "_"``; under IGNORECASE "i" also matches "İ" and "ı", and "s" matches "ſ".
 * ``capitalised``: an ASCII capital and the ASCII lower-case letters after it (at least one), where
   the character before the capital is no word character, the text does not start there, and no
   sentence ends just before it (".", "!" or "?" and a white space, or those and an opening ``"``);

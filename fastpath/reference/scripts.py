@@ -97,7 +97,7 @@ _TYPOGRAPHIC = str.maketrans({"\u2019": "'"})
 
 
 def as_typed(word: str) -> str:
-    """A match of term_word_re with its apostrophe written "'"."""
+    """A word (or any text) with its typographic apostrophes written "'"."""
     return word.translate(_TYPOGRAPHIC)
 
 

@@ -185,9 +185,8 @@ def word_vector_sums(texts: Sequence[str], table: WordTable, weighted: np.ndarra
 
 
 # word_terms: a text's words are the matches of scripts.term_word_re() in the lowercased text (a run
-# of letters, digits and marks with an optional apostrophe, written "'", and letters after it, one CJK or
-# Hangul character,
-# or a run of Thai, Lao, Myanmar or Khmer giving its pairs of characters), in order.
+# of letters, digits and marks with an optional apostrophe, written "'", and letters after it, one CJK
+# or Hangul character, or a run of Thai, Lao, Myanmar or Khmer giving its pairs of characters), in order.
 def word_terms(text: str, cache: dict[str, str], miss: Callable[[str], str]) -> list[str]:
     """The truthy cache[w] of each word w of the lowercased text, in order; a word not in the cache is
     put there as miss(w) first (a str)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from fastpath.reference.scripts import as_typed
 from sidecar.domain import Role
 
 _FIRST = re.compile(r"\b(?:i|i'm|i've|i'd|i'll|my|mine|myself)\b|我")
@@ -29,7 +30,7 @@ _SHARED = re.compile(r"\bour (?:\w+ ){0,2}(?:conversation|chat|discussion|talk)s
 def asked_about(question: str) -> Role | None:
     """ASSISTANT when the question asks what the assistant said, USER when it speaks of the asker in the
     first person (and not of the conversation itself), else None."""
-    text = question.lower().replace("\u2019", "'")  # "you’ve said", as phones type it
+    text = as_typed(question.lower())  # "you’ve said", as phones type it
     if _SECOND_SAID.search(text):
         return Role.ASSISTANT
     if _SHARED.search(text):

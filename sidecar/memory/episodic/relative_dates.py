@@ -95,11 +95,7 @@ def relative_dates(query: str, asked_at_ms: int) -> RelativeDates:
         spans[min(first, today), min(last, today)] = None
 
     for m in _AGO_RE.finditer(query):
-        n, unit = _count(m.group("n")), _UNIT_DAYS[m.group("unit").lower()]
-        back = n * unit
-        slack = max(1, back // 7) if unit > 1 else n // 3  # "two weeks ago" is told loosely, "2 days ago" is not
-        centre = today - dt.timedelta(days=back)
-        add(m, centre - dt.timedelta(days=slack), centre + dt.timedelta(days=slack))
+        add(m, *_ago(today, _count(m.group("n")), _UNIT_DAYS[m.group("unit").lower()]))
     for m in _WITHIN_RE.finditer(query):
         if not m.group("n") and m.group("word").lower() == "last":
             continue
@@ -125,14 +121,9 @@ def _chinese(query: str, today: dt.date, add: Callable[[re.Match[str], dt.date, 
     """The Chinese relative times of the query, each given to add(match, first day, last day) as
     relative_dates reads the English ones."""
     for m in _ZH_AGO_RE.finditer(query):
-        n, unit = zh_count(m.group("n")), _ZH_UNIT_DAYS[m.group("unit")[-2:].lstrip("个")]
-        back = n * unit
-        slack = max(1, back // 7) if unit > 1 else n // 3
-        centre = today - dt.timedelta(days=back)
-        add(m, centre - dt.timedelta(days=slack), centre + dt.timedelta(days=slack))
+        add(m, *_ago(today, zh_count(m.group("n")), _zh_unit_days(m)))
     for m in _ZH_WITHIN_RE.finditer(query):
-        n, unit = zh_count(m.group("n")), _ZH_UNIT_DAYS[m.group("unit")[-2:].lstrip("个")]
-        add(m, today - dt.timedelta(days=n * unit), today)
+        add(m, today - dt.timedelta(days=zh_count(m.group("n")) * _zh_unit_days(m)), today)
     monday = today - dt.timedelta(days=today.weekday())
     for m in _ZH_LAST_RE.finditer(query):
         if m.group("weekend"):
@@ -151,6 +142,20 @@ def _chinese(query: str, today: dt.date, add: Callable[[re.Match[str], dt.date, 
         what = m.group("what")
         back = 3 if what == "大前天" else 2 if what == "前天" else 1 if what.startswith("昨") else 0
         add(m, today - dt.timedelta(days=back), today - dt.timedelta(days=back))
+
+
+def _ago(today: dt.date, n: int, unit: int) -> tuple[dt.date, dt.date]:
+    """The span "n units ago" names: its day, give or take a slack ("two weeks ago" is told loosely,
+    "2 days ago" is not)."""
+    back = n * unit
+    slack = max(1, back // 7) if unit > 1 else n // 3
+    centre = today - dt.timedelta(days=back)
+    return centre - dt.timedelta(days=slack), centre + dt.timedelta(days=slack)
+
+
+def _zh_unit_days(m: re.Match[str]) -> int:
+    """Days in a Chinese match's unit ("个月" -> 30, "个星期" -> 7, "天" -> 1)."""
+    return _ZH_UNIT_DAYS[m.group("unit")[-2:].lstrip("个")]
 
 
 def _count(word: str) -> int:
