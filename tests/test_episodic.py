@@ -1119,7 +1119,7 @@ def test_a_recalled_turn_gets_no_bonus_for_being_recent(stub, scope):
             pb.NewMessage(role=pb.ROLE_ASSISTANT, text="Thanks for telling me.", client_timestamp_ms=at + 1000)])
 
     stub.ImportSessions(pb.ImportSessionsRequest(scope=scope, sessions=[
-        told(30, "My doctor recommended chamomile tea before bed for my sleep."),
+        told(30, "My doctor recommended chamomile tea for my sleep, before bed."),
         told(1, "My doctor recommended some sleep and tea, so I will try.")]))
     asking = stub.CreateSession(pb.CreateSessionRequest(scope=scope)).session_id
     budget = pb.Budget(max_input=200, reserved_for_output=0, system_and_tools=0, session_state=0,
@@ -1127,6 +1127,6 @@ def test_a_recalled_turn_gets_no_bonus_for_being_recent(stub, scope):
     resp = stub.BuildContext(pb.BuildContextRequest(scope=scope, session_id=asking, budget=budget, debug=True,
                                                     query="Which tea did my doctor recommend for my sleep?"))
     turns = [it for s in resp.sections for it in s.items if it.source.startswith("message:")]
-    assert [it.text for it in turns] == ["user: My doctor recommended chamomile tea before bed for my sleep."]
+    assert [it.text for it in turns] == ["user: My doctor recommended chamomile tea for my sleep, before bed."]
     passing = [d for d in resp.dropped if d.source.startswith("message:")]  # yesterday's, left out for room
     assert passing and all(d.score < turns[0].score for d in passing)

@@ -24,6 +24,7 @@ from sidecar.memory.episodic.dates import _day_item, day_number, render_turn, ut
 from sidecar.memory.episodic.expansion import QueryExpansion
 from sidecar.memory.episodic.lexical import WindowScoring, _decay
 from sidecar.memory.episodic.priors import Priors
+from sidecar.memory.episodic.proximity import Proximity
 from sidecar.memory.episodic.scoring import Fusion
 from sidecar.memory.episodic.snapshots import pack, unpack
 from sidecar.memory.episodic.terms import terms
@@ -41,7 +42,7 @@ _ROW_ARRAYS = ("codes", "scales", "tokens", "timestamps", "seqs", "roles", "spea
 
 
 @dataclass
-class _UserIndex(Fusion, Priors, QueryExpansion, Updates, WindowScoring):  # not slots: the arrays are set in __post_init__
+class _UserIndex(Fusion, Priors, Proximity, QueryExpansion, Updates, WindowScoring):  # not slots: the arrays are set in __post_init__
     dim: int
     cap: int = 256
     window: int = 4

@@ -6,7 +6,7 @@ postings, lengths and neighbour rows they read."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -59,12 +59,13 @@ class WindowScoring:
         saturate per term, so a window that covers more of the query's terms wins."""
         return self.window_bm25_groups([query_terms], decay, k1, b)[0]
 
-    def window_bm25_groups(self, groups: Sequence[Sequence[str]], decay: np.ndarray, k1: float, b: float
-                           ) -> list[np.ndarray]:
+    def window_bm25_groups(self, groups: Sequence[Sequence[str]], decay: np.ndarray, k1: float, b: float,
+                           given: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> list[np.ndarray]:
         """window_bm25 of each group of terms, their window counts taken once (fastpath.window_bm25,
         compiled): each posting adds its count to its own row and, decayed, to its neighbours' rows,
         so the cost follows the postings rather than rows x terms. A term's counts do not depend on
-        the other terms, so each group gets exactly what a call of its own would."""
+        the other terms, so each group gets exactly what a call of its own would. `given`: postings of
+        terms the index does not hold (proximity.py's pairs), looked up first."""
         n = len(self.ids)
         slot: dict[str, int] = {}  # term -> its index in rows / tfs (-1: the user never says it)
         rows: list[np.ndarray] = []
@@ -75,7 +76,8 @@ class WindowScoring:
             for t in dict.fromkeys(group):
                 s = slot.get(t)
                 if s is None:
-                    arrays = self._arrays(t)
+                    arrays = given.get(t) if given else None
+                    arrays = arrays if arrays is not None else self._arrays(t)
                     s = slot[t] = -1 if arrays is None else len(rows)
                     if arrays is not None:
                         rows.append(arrays[0])

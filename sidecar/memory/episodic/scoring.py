@@ -105,7 +105,12 @@ class Fusion:
         mult = self._query_prior(query, r, relative)
         if exclude_session and exclude_session in self.session_rows:
             mult[self.session_rows[exclude_session]] = 0.0
-        for extra, weight in ((assoc_win, r.assoc_weight), (similar_win, r.similar_weight)):
+        near = self.proximity_postings(q_terms, score * mult, r) if r.proximity_weight > 0 and len(q_terms) > 1 else {}
+        near_win = self.window_bm25_groups([list(near)], decay, r.k1, r.b, near)[0] if near else None
+        for extra, weight in ((assoc_win, r.assoc_weight), (similar_win, r.similar_weight),
+                              (near_win, r.proximity_weight)):
+            if extra is None:
+                continue
             etop = float(extra.max()) if n else 0.0
             if etop > 0:
                 score = score + weight * extra / etop
