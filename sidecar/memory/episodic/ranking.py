@@ -88,11 +88,11 @@ DEFAULT_RANKING = Ranking()
 # With a model embedder (the optional `model` profile): its cosine weighs more (but for a question
 # asking when), the turn's cosine is fused half and half with its contextual one instead of smoothed
 # over the neighbours, the query is embedded without the speakers' names, and the similar words keep the
-# share they were measured at with the model.
+# share they were measured at with the model (term proximity was measured without it: off).
 MODEL_RANKING = replace(DEFAULT_RANKING, dense_weight=0.55, kind_dense_weight=0.6, when_dense_weight=0.25,
                         prev_decay=0.7, next_decay=0.7, self_boost=0.0, other_penalty=0.0, dense_neighbours=False,
                         embed_context=1, context_mix=0.5, dense_query_names=False, assoc_weight=0.15, b=1.0,
-                        prf_docs=10, prf_weight=0.05, similar_weight=0.2)
+                        prf_docs=10, prf_weight=0.05, similar_weight=0.2, proximity_weight=0.0)
 
 
 def _index_knobs(r: Ranking) -> tuple[int, bool, int, int, float, bool]:
