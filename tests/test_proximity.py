@@ -74,7 +74,7 @@ def test_the_turns_read_again_are_bounded_and_read_best_first():
 def test_served_recall_packs_the_turn_saying_the_words_together_and_survives_hostile_turns(tmp_path):
     """Over gRPC, a user whose history says "high" and "school" apart in several turns and together in
     one: under a budget that holds one turn, that one is packed (a turn saying the other words more
-    often was packed before). Then a pasted log of 13 KB repeating the asked words (every pair close,
+    often was packed before). Then a pasted log of 6.6 KB repeating the asked words (every pair close,
     hundreds of times), read again, and one of 250 KB, over the bound: the next question is answered
     from the logs, on the same user."""
     from conftest import Running
@@ -105,7 +105,7 @@ def test_served_recall_packs_the_turn_saying_the_words_together_and_survives_hos
         tell(CLOSE, 3)
         assert [it.text for it in ask(QUESTION, 30)] == ["user: " + CLOSE]
 
-        tell("ERROR high school reunion timeout at node 7\n" * 300, 4)  # 13 KB: read again
+        tell("ERROR high school reunion timeout at node 7\n" * 150, 4)  # 6.6 KB: read again
         tell("WARN high school reunion retry\n" * 8_000, 5)  # ~250 KB: over the bound, not read again
         recalled = ask("Which high school reunion logs say timeout?", 1500)
         assert "timeout" in max(recalled, key=lambda it: it.score).text

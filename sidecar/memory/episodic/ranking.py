@@ -69,7 +69,7 @@ class Ranking:
     # Term proximity (proximity.py): pairs of the query's neighbouring terms said close together.
     proximity_weight: float = 0.3  # their window BM25's share (0: off)
     proximity_gap: int = 3  # at most this many terms apart
-    proximity_chars: int = 16_384  # characters of turns read again per query, the best-scored first
+    proximity_chars: int = 8_192  # characters of turns read again per query, the best-scored first
     # Knowledge updates (updates.py): among the packed turns, a newer telling of the same thing (same
     # speaker, most of what the older turn was matched on said again) scores just above the older one.
     update_min: float = 0.5  # the newer must score at least this share of the older (0: off)
